@@ -1,0 +1,36 @@
+# Plumb's two commands: `make run` (the whole service) and `make test` (the whole suite).
+# Both bootstrap the virtual environment from pyproject.toml first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The embedded stack is a development setup: DEBUG on, generated SECRET_KEY.
+# Production runs the same processes with DEBUG=false and a real SECRET_KEY.
+export DEBUG ?= true
+
+.PHONY: run demo test lint bootstrap clean
+
+run: bootstrap
+	$(PY) manage.py runstack
+
+demo: bootstrap
+	$(PY) manage.py runstack --demo
+
+test: bootstrap
+	$(PY) bin/test
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bootstrap: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check '.[dev]'
+	rm -rf build plumb.egg-info
+	touch $@
+
+clean:
+	rm -rf $(VENV) var build plumb.egg-info

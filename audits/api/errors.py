@@ -1,0 +1,89 @@
+"""Every API error is a JSON body: {"error": code, "message": ..., "fields": {...}}."""
+
+from __future__ import annotations
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "Request body is too large."
+    default_code = "payload_too_large"
+
+
+class ServiceUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The service cannot take this request right now."
+    default_code = "unavailable"
+
+    def __init__(
+        self, detail=None, code=None, *, retry_after: int | None = None, extra: dict | None = None
+    ):
+        super().__init__(detail, code)
+        self.retry_after = retry_after
+        self.extra = extra or {}
+
+
+def json_exception_handler(exc, context):
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = {
+            "error": "invalid_request",
+            "message": "Some fields are not valid.",
+            "fields": _field_errors(response.data),
+        }
+        return response
+    detail = getattr(exc, "detail", None)
+    code = getattr(exc, "default_code", "error")
+    if isinstance(detail, exceptions.ErrorDetail):
+        code = detail.code or code
+    body = {"error": code, "message": str(detail) if detail is not None else ""}
+    body.update(getattr(exc, "extra", {}))
+    response.data = body
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response["Retry-After"] = str(int(retry_after))
+    return response
+
+
+def _field_errors(data) -> dict:
+    if isinstance(data, dict):
+        return {key: _flatten(value) for key, value in data.items()}
+    return {"non_field_errors": _flatten(data)}
+
+
+def _flatten(value) -> list[str]:
+    if isinstance(value, list):
+        return [str(item) for item in value]
+    if isinstance(value, dict):
+        return [f"{k}: {m}" for k, v in value.items() for m in _flatten(v)]
+    return [str(value)]
+
+
+def error_response(status_code: int, code: str, message: str, **extra) -> Response:
+    return Response({"error": code, "message": message, **extra}, status=status_code)
+
+
+def json_not_found(request, exception=None):
+    """404 for any unknown URL, as JSON under /api/ and Django's page elsewhere."""
+    from django.http import JsonResponse
+    from django.views.defaults import page_not_found
+
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "not_found", "message": "No such resource."}, status=404)
+    return page_not_found(request, exception)
+
+
+def json_server_error(request):
+    from django.http import JsonResponse
+    from django.views.defaults import server_error
+
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": "internal_error", "message": "Something went wrong on our side."}, status=500
+        )
+    return server_error(request)

@@ -1,0 +1,130 @@
+"""Run the whole service in the foreground: web, one worker per queue, beat, Flower.
+
+`make run` calls this. Ctrl-C or SIGTERM stops every process it started.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import BaseCommand, CommandError, call_command
+from honcho.manager import Manager
+from honcho.printer import Printer
+
+from config import devservices
+
+
+class Command(BaseCommand):
+    help = "Run web, workers, beat and Flower together (and a local Redis if none answers)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="Also serve the bundled demo site and submit its pages.",
+        )
+
+    def handle(self, *args, demo: bool, **options):
+        env = dict(os.environ)
+        if demo:
+            env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
+        redis_process = self._ensure_redis()
+        try:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("collectstatic", interactive=False, verbosity=0)
+            self._ensure_admin()
+            manager = Manager(Printer(sys.stdout))
+            for name, command in self._processes(demo).items():
+                manager.add_process(name, command, env=env)
+            self._print_urls(demo)
+            if demo:
+                threading.Thread(target=self._submit_demo_pages, daemon=True).start()
+            manager.loop()
+        finally:
+            if redis_process is not None:
+                redis_process.terminate()
+                redis_process.wait(timeout=10)
+        sys.exit(manager.returncode or 0)
+
+    def _ensure_redis(self):
+        url = settings.REDIS_URL
+        if devservices.redis_answers(url):
+            return None
+        if not devservices.is_local(url):
+            raise CommandError(
+                f"REDIS_URL {url} does not answer; start it or point REDIS_URL elsewhere."
+            )
+        port = urlsplit(url).port or 6379
+        self.stdout.write(
+            f"No Redis answers at {url}: starting one on 127.0.0.1:{port} for this run."
+        )
+        return devservices.start_redis(port, Path(settings.VAR_DIR) / "redis")
+
+    def _ensure_admin(self):
+        User = get_user_model()
+        if User.objects.filter(is_superuser=True).exists():
+            return
+        password = secrets.token_urlsafe(12)
+        User.objects.create_superuser("admin", "admin@localhost", password)
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Created the admin user. Log in as 'admin' with password '{password}' "
+                "(shown once; change it with `manage.py changepassword admin`)."
+            )
+        )
+
+    def _processes(self, demo: bool) -> dict[str, str]:
+        bin_dir = Path(sys.executable).parent
+        celery = f"{bin_dir / 'celery'} -A config"
+        processes = {
+            "web": (
+                f"{bin_dir / 'gunicorn'} config.wsgi:application --bind {settings.WEB_HOST}:{settings.WEB_PORT}"
+                f" --workers {settings.WEB_CONCURRENCY} --access-logfile - --graceful-timeout 10 --no-control-socket"
+            ),
+            "worker-audits": (
+                f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits@%h"
+                f" --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
+            ),
+            "worker-reaudit": (
+                f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
+                f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
+            ),
+            "beat": f"{celery} beat --loglevel INFO",
+            "flower": f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}",
+        }
+        if demo:
+            processes["demo-site"] = (
+                f"{sys.executable} -m audits.demo_site --port {settings.DEMO_SITE_PORT}"
+            )
+        return processes
+
+    def _print_urls(self, demo: bool):
+        web = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
+        lines = [
+            f"API       {web}/api/audits",
+            f"Admin     {web}/admin/",
+            f"Schema    {web}/api/schema",
+            f"Health    {web}/healthz",
+            f"Flower    http://127.0.0.1:{settings.FLOWER_PORT}/",
+        ]
+        if demo:
+            lines.append(f"Demo site http://127.0.0.1:{settings.DEMO_SITE_PORT}/")
+        lines.append(
+            f'Try:      curl -X POST {web}/api/audits -H "Content-Type: application/json" '
+            '-d \'{"url": "https://example.org/"}\''
+        )
+        self.stdout.write("\n".join(lines))
+
+    def _submit_demo_pages(self):
+        call_command(
+            "demo_submit",
+            api=f"http://{settings.WEB_HOST}:{settings.WEB_PORT}",
+            site=f"http://127.0.0.1:{settings.DEMO_SITE_PORT}",
+        )

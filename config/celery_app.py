@@ -1,0 +1,65 @@
+"""The Celery application, configured from Django settings (CELERY_* names)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery, signals
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("plumb")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@signals.setup_logging.connect
+def use_django_logging(**kwargs):
+    """Log through Django's LOGGING so workers write the same key/value lines."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+
+
+def transport_options_for_queue(queue: str) -> dict:
+    """Broker transport options for the workers consuming `queue`.
+
+    kombu's Redis transport keeps every delivered-but-unacked message in one
+    `unacked` hash by default, and `restore_visible` puts back *any* message
+    held longer than the restoring worker's visibility timeout, whatever its
+    queue. Giving each queue's workers their own keys and timeout keeps a
+    short-timeout worker from redelivering another queue's long-held messages.
+    """
+    from django.conf import settings
+
+    visibility_timeout = settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
+    return {
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "unacked_key": f"unacked:{queue}",
+        "unacked_index_key": f"unacked_index:{queue}",
+        "unacked_mutex_key": f"unacked_mutex:{queue}",
+        "visibility_timeout": visibility_timeout,
+        # Scan for expired messages often enough that a SIGKILLed worker's
+        # messages come back within about a tenth of the timeout after it lapses.
+        "unacked_restore_interval": max(1, min(10, visibility_timeout // 10)),
+        "unacked_restore_throttle": 1,
+    }
+
+
+@signals.celeryd_init.connect
+def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwargs):
+    """Give a worker the transport options of the one queue it consumes (-Q)."""
+    from django.conf import settings
+
+    queues = (options or {}).get("queues") or []
+    if isinstance(queues, str):
+        queues = queues.split(",")
+    known = [q for q in queues if q in settings.QUEUE_VISIBILITY_TIMEOUTS]
+    if len(known) != 1 or len(queues) != 1:
+        raise RuntimeError(
+            f"Plumb workers consume exactly one queue (-Q one of "
+            f"{sorted(settings.QUEUE_VISIBILITY_TIMEOUTS)}); got {queues!r}"
+        )
+    conf.broker_transport_options = transport_options_for_queue(known[0])

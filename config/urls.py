@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from audits.health import healthz
+
+urlpatterns = [
+    path("api/", include("audits.urls")),
+    path("api/schema", SpectacularAPIView.as_view(), name="schema"),
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = "audits.api.errors.json_not_found"
+handler500 = "audits.api.errors.json_server_error"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RatelimitConfig(AppConfig):
+    name = "ratelimit"
+    verbose_name = "Rate limits and retries"
