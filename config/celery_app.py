@@ -9,6 +9,9 @@ from celery import Celery, signals
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("plumb")
+# The default for every thread, not just this one: shared tasks resolve their
+# app through it, and a threaded server would otherwise publish to amqp://localhost.
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -27,6 +29,8 @@ class ServiceUnavailable(exceptions.APIException):
 
 
 def json_exception_handler(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge(f"Request body must be at most {settings.API_MAX_BODY_BYTES} bytes.")
     response = exception_handler(exc, context)
     if response is None:
         return None

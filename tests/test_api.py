@@ -1,0 +1,140 @@
+"""The HTTP API: what a client sends and what it gets back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from audits.models import Audit, Page
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api():
+    return APIClient()
+
+
+def post_json(api, body, **extra):
+    return api.post("/api/audits", data=json.dumps(body), content_type="application/json", **extra)
+
+
+def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = post_json(api, {"url": "https://Example.org"})
+    assert response.status_code == 202
+    body = response.json()
+    assert body["url"] == "https://example.org/"
+    assert body["status"] == "queued"
+    assert body["trigger"] == "submitted"
+    assert body["links"]["self"].endswith(f"/api/audits/{body['id']}")
+    assert response["Location"] == body["links"]["self"]
+    assert set(body) == {
+        "id", "url", "status", "trigger", "attempts", "created_at", "started_at",
+        "finished_at", "result", "error", "links",
+    }  # fmt: skip
+    assert len(callbacks) == 1  # the enqueue waits for the commit
+    assert Page.objects.get().reaudit_nightly is True
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "url"),
+        ({"url": "ftp://example.org/"}, "url"),
+        ({"url": "not a url"}, "url"),
+        ({"url": 42}, "url"),
+        ({"url": "https://example.org/", "colour": "red"}, "colour"),
+        ({"url": "https://example.org/" + "a" * 5000}, "url"),
+    ],
+)
+def test_bad_input_names_the_field_and_writes_nothing(api, body, field):
+    response = post_json(api, body)
+    assert response.status_code == 400
+    payload = response.json()
+    assert payload["error"] == "invalid_request"
+    assert field in payload["fields"]
+    assert not Audit.objects.exists() and not Page.objects.exists()
+
+
+def test_malformed_json_is_a_json_400(api):
+    response = api.post("/api/audits", data="{nope", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "malformed_json"
+
+
+def test_non_utf8_is_a_json_400(api):
+    response = api.post("/api/audits", data=b'{"url": "\xff\xfe"}', content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "malformed_json"
+
+
+def test_a_body_over_the_limit_is_refused(api, settings):
+    body = {"url": "https://example.org/", "pad": "x" * (settings.API_MAX_BODY_BYTES + 10)}
+    response = post_json(api, body)
+    assert response.status_code == 413
+    assert response.json()["error"] == "payload_too_large"
+    assert not Audit.objects.exists()
+
+
+def test_deep_json_is_refused(api):
+    response = api.post(
+        "/api/audits", data="[" * 100_000 + "]" * 100_000, content_type="application/json"
+    )
+    assert response.status_code in (400, 413)
+    assert "error" in response.json()
+
+
+def test_an_audit_is_read_by_its_id(api):
+    created = post_json(api, {"url": "https://example.org/a"}).json()
+    response = api.get(f"/api/audits/{created['id']}")
+    assert response.status_code == 200
+    assert response.json() == created
+
+
+@pytest.mark.parametrize("audit_id", ["6f1f5b8e-0000-4000-8000-000000000000", "nope"])
+def test_an_unknown_audit_is_a_json_404(api, audit_id):
+    response = api.get(f"/api/audits/{audit_id}")
+    assert response.status_code == 404
+    assert response.json()["error"] == "not_found"
+
+
+def test_the_list_is_newest_first_filtered_and_paginated(api):
+    ids = [post_json(api, {"url": f"https://example.org/{n}"}).json()["id"] for n in range(5)]
+    Audit.objects.filter(id=ids[0]).update(status=Audit.Status.FAILED)
+
+    page_one = api.get("/api/audits?page_size=2").json()
+    assert page_one["count"] == 5
+    assert [a["id"] for a in page_one["results"]] == [ids[4], ids[3]]
+    assert page_one["previous"] is None and "page=2" in page_one["next"]
+
+    failed = api.get("/api/audits?status=failed").json()
+    assert [a["id"] for a in failed["results"]] == [ids[0]]
+    assert api.get("/api/audits?trigger=reaudit").json()["count"] == 0
+
+
+def test_a_bad_filter_names_the_field(api):
+    response = api.get("/api/audits?status=exploded")
+    assert response.status_code == 400
+    assert "status" in response.json()["fields"]
+
+
+def test_the_schema_is_served(api):
+    response = api.get("/api/schema", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert "/api/audits" in response.content.decode()
+
+
+def test_healthz_reports_database_and_redis(api):
+    response = api.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_healthz_is_503_when_redis_is_down(api, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    response = api.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"].startswith("error")

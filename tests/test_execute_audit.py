@@ -1,0 +1,62 @@
+"""The audit's plain function: called directly, against the database and a local site."""
+
+from __future__ import annotations
+
+import pytest
+
+from audits import services
+from audits.fetch import TransientFetchError
+from audits.models import Audit
+from audits.targets import normalize_url
+
+pytestmark = pytest.mark.django_db
+
+
+def make_audit(url: str) -> Audit:
+    page = services.get_or_create_page(normalize_url(url))
+    return Audit.objects.create(page=page, task_id="t-1")
+
+
+def test_a_finished_audit_stores_its_result(site):
+    audit = make_audit(f"{site.base_url}/redirect")
+    services.execute_audit(str(audit.id))
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.SUCCEEDED
+    assert audit.attempts == 1
+    assert audit.started_at and audit.finished_at
+    assert audit.result["final_url"] == f"{site.base_url}/"
+
+
+def test_a_transient_error_leaves_the_audit_for_the_retry(site):
+    audit = make_audit(f"{site.base_url}/flaky?key=direct&fail=5")
+    with pytest.raises(TransientFetchError):
+        services.execute_audit(str(audit.id))
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.RUNNING
+    services.mark_retrying(str(audit.id), "attempt 1 failed")
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.RETRYING
+
+
+def test_a_permanent_error_fails_the_audit_with_the_reason(site, settings):
+    settings.AUDIT_ALLOW_PRIVATE_TARGETS = False
+    audit = make_audit(f"{site.base_url}/")
+    services.execute_audit(str(audit.id))
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.FAILED
+    assert "loopback" in audit.error
+
+
+def test_a_finished_audit_is_not_run_again(site):
+    audit = make_audit(f"{site.base_url}/")
+    services.execute_audit(str(audit.id))
+    hits = site.hits["/"]
+    assert services.execute_audit(str(audit.id)) is None
+    assert site.hits["/"] == hits
+    audit.refresh_from_db()
+    assert audit.attempts == 1
+
+
+def test_an_unknown_or_malformed_audit_id_is_skipped():
+    assert services.execute_audit("6f1f5b8e-0000-4000-8000-000000000000") is None
+    assert services.execute_audit("not-a-uuid") is None

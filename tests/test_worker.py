@@ -1,0 +1,83 @@
+"""Submissions over HTTP, run by real Celery workers on the real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from audits.models import Audit
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def submit(live_server, url: str) -> dict:
+    response = httpx.post(f"{live_server.url}/api/audits", json={"url": url}, timeout=10)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def read(live_server, audit: dict) -> dict:
+    return httpx.get(
+        audit["links"]["self"].replace("http://testserver", live_server.url), timeout=10
+    ).json()
+
+
+def finished(live_server, audit: dict, timeout: float = 30.0) -> dict:
+    return wait_for(
+        lambda: (body := read(live_server, audit))["status"] in {"succeeded", "failed"} and body,
+        timeout=timeout, message=f"audit {audit['id']} to finish",
+    )  # fmt: skip
+
+
+def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
+    worker = start_worker("audits")
+    audit = submit(live_server, f"{site.base_url}/redirect")
+    try:
+        done = finished(live_server, audit)
+    except AssertionError:
+        print(worker.output())
+        raise
+    assert done["status"] == "succeeded"
+    assert done["attempts"] == 1
+    assert done["result"]["final_url"] == f"{site.base_url}/"
+    assert [hop["status_code"] for hop in done["result"]["redirects"]] == [301, 302]
+    assert done["started_at"] and done["finished_at"]
+
+
+def test_a_500_is_retried_until_the_page_recovers(live_server, site, start_worker):
+    worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.2"})
+    audit = submit(live_server, f"{site.base_url}/flaky?key=worker&fail=2")
+    seen = set()
+
+    def succeeded():
+        status = Audit.objects.get(id=audit["id"]).status
+        seen.add(status)
+        return status == "succeeded"
+
+    wait_for(succeeded, timeout=30, interval=0.02, message="the flaky page to be audited")
+    done = read(live_server, audit)
+    assert done["attempts"] == 3, worker.output()
+    assert "retrying" in seen
+    assert site.flaky_counts["worker"] == 3
+
+
+def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site, start_worker):
+    start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "2"})
+    audit = submit(live_server, f"{site.base_url}/flaky?key=never&fail=100")
+    done = finished(live_server, audit)
+    assert done["status"] == "failed"
+    assert done["attempts"] == 2
+    assert "gave up after 2 attempt(s)" in done["error"]
+    time.sleep(1)
+    assert site.flaky_counts["never"] == 2
+
+
+def test_a_4xx_page_succeeds_and_reports_it_without_retrying(live_server, site, start_worker):
+    start_worker("audits")
+    done = finished(live_server, submit(live_server, f"{site.base_url}/missing"))
+    assert done["status"] == "succeeded"
+    assert done["result"]["status_code"] == 404
+    assert done["attempts"] == 1

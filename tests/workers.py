@@ -1,0 +1,107 @@
+"""Real `celery worker` processes for the tests, against the test database and Redis.
+
+A worker is a subprocess in its own session, so a test can SIGKILL the whole
+worker (main process and pool children) the way a crashed host would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_for_workers() -> str:
+    """The test database (the one pytest-django created) as a DATABASE_URL."""
+    db = connection.settings_dict
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] or ""
+    if db["PASSWORD"]:
+        auth += f":{db['PASSWORD']}"
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class WorkerProcess:
+    def __init__(self, queue: str, *, concurrency: int = 1, env: dict | None = None):
+        self.queue = queue
+        self.name = f"test-{queue}-{uuid.uuid4().hex[:8]}"
+        self.env = {
+            **os.environ,
+            "DEBUG": "true",
+            "DATABASE_URL": database_url_for_workers(),
+            "REDIS_URL": settings.REDIS_URL,
+            "AUDIT_ALLOW_PRIVATE_TARGETS": "true",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.concurrency = concurrency
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> WorkerProcess:
+        command = [
+            sys.executable, "-m", "celery", "-A", "config", "worker",
+            "-Q", self.queue, "-n", f"{self.name}@%h", "--concurrency", str(self.concurrency),
+            "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read_output, daemon=True).start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"worker {self.name} not ready in {timeout}s:\n{self.output()}")
+        return self
+
+    def _read_output(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if " ready." in line:
+                self._ready.set()
+
+    def output(self) -> str:
+        return "".join(self.lines[-200:])
+
+    def children(self) -> list[int]:
+        result = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(pid) for pid in result.stdout.split()]
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children at once: nothing gets to clean up."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
