@@ -1,0 +1,59 @@
+"""A worker that dies mid-audit loses no audit."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from audits import services
+from audits.models import Audit
+from audits.targets import normalize_url
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+# Short enough for a test, long enough that a live worker is never redelivered to.
+FAST_REDELIVERY = {"AUDITS_VISIBILITY_TIMEOUT_SECONDS": "5"}
+
+
+def submit(url: str) -> Audit:
+    # transactional_db: no surrounding transaction, so the enqueue runs at once.
+    return services.submit_audit(normalize_url(url))
+
+
+def status_of(audit: Audit) -> str:
+    return Audit.objects.get(id=audit.id).status
+
+
+def test_a_sigkilled_worker_loses_no_audit(site, start_worker):
+    doomed = start_worker("audits", env=FAST_REDELIVERY)
+    audit = submit(f"{site.base_url}/slow?delay=3")
+    wait_for(lambda: status_of(audit) == "running", timeout=15, message="the audit to start")
+
+    doomed.kill()  # main process and pool child at once, as if the host died
+    assert status_of(audit) == "running"
+
+    survivor = start_worker("audits", env=FAST_REDELIVERY)
+    wait_for(
+        lambda: status_of(audit) == "succeeded", timeout=40, message="the audit to be redelivered"
+    )
+    finished = Audit.objects.get(id=audit.id)
+    assert finished.attempts == 2, survivor.output()
+    assert finished.result["status_code"] == 200
+    assert site.hits["/slow"] == 2
+
+
+def test_a_killed_pool_process_puts_its_audit_back_at_once(site, start_worker):
+    worker = start_worker(
+        "audits"
+    )  # default visibility timeout: only the worker-lost path can help
+    audit = submit(f"{site.base_url}/slow?delay=2")
+    wait_for(lambda: status_of(audit) == "running", timeout=15, message="the audit to start")
+
+    (child,) = worker.children()
+    os.kill(child, signal.SIGKILL)
+
+    wait_for(lambda: status_of(audit) == "succeeded", timeout=30, message="the audit to run again")
+    assert Audit.objects.get(id=audit.id).attempts == 2, worker.output()
