@@ -61,7 +61,9 @@ def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwarg
         queues = queues.split(",")
     known = [q for q in queues if q in settings.QUEUE_VISIBILITY_TIMEOUTS]
     if len(known) != 1 or len(queues) != 1:
-        raise RuntimeError(
+        # SystemExit, not an exception: Celery logs and swallows exceptions
+        # raised by signal handlers, and the worker would start misconfigured.
+        raise SystemExit(
             f"Plumb workers consume exactly one queue (-Q one of "
             f"{sorted(settings.QUEUE_VISIBILITY_TIMEOUTS)}); got {queues!r}"
         )

@@ -27,10 +27,13 @@ def status_of(audit: Audit) -> str:
     return Audit.objects.get(id=audit.id).status
 
 
-def test_a_sigkilled_worker_loses_no_audit(site, start_worker):
+def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
     doomed = start_worker("audits", env=FAST_REDELIVERY)
     audit = submit(f"{site.base_url}/slow?delay=3")
     wait_for(lambda: status_of(audit) == "running", timeout=15, message="the audit to start")
+    # Held under the audits queue's own unacked keys, not kombu's shared default.
+    assert redis_client.hlen("unacked:audits") == 1
+    assert redis_client.hlen("unacked") == 0
 
     doomed.kill()  # main process and pool child at once, as if the host died
     assert status_of(audit) == "running"

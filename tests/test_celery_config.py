@@ -1,0 +1,31 @@
+"""Each queue's workers get their own unacked keys and visibility timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from config.celery_app import transport_options_for_queue
+from tests.workers import ROOT
+
+
+def test_each_queue_has_its_own_unacked_keys_and_timeout(settings):
+    audits = transport_options_for_queue("audits")
+    reaudit = transport_options_for_queue("reaudit")
+    assert audits["unacked_key"] == "unacked:audits"
+    assert audits["unacked_index_key"] == "unacked_index:audits"
+    assert reaudit["unacked_index_key"] == "unacked_index:reaudit"
+    assert audits["visibility_timeout"] == settings.AUDITS_VISIBILITY_TIMEOUT_SECONDS
+    assert reaudit["visibility_timeout"] == settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS
+    # Restores are scanned well inside the timeout, not kombu's default 100 s.
+    assert audits["unacked_restore_interval"] * audits["unacked_restore_throttle"] <= 30
+
+
+def test_a_worker_for_two_queues_refuses_to_start():
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "audits,reaudit"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "DEBUG": "true"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "exactly one queue" in result.stdout + result.stderr
