@@ -131,6 +131,7 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 
 # --- HTTP API -----------------------------------------------------------------
+API_TOKENS = env_list("API_TOKENS", [])
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 16 * 1024, minimum=256)
 # Django enforces this when the body is read; the API turns it into a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
@@ -138,8 +139,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["audits.api.parsers.BoundedJSONParser"],
-    "DEFAULT_AUTHENTICATION_CLASSES": [],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "audits.api.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["audits.api.auth.TokenRequiredWhenConfigured"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "audits.api.errors.json_exception_handler",
     "UNAUTHENTICATED_USER": None,

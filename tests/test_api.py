@@ -17,6 +17,13 @@ def api():
     return APIClient()
 
 
+@pytest.fixture
+def staff_api(django_user_model):
+    client = APIClient()
+    client.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+    return client
+
+
 def post_json(api, body, **extra):
     return api.post("/api/audits", data=json.dumps(body), content_type="application/json", **extra)
 
@@ -101,9 +108,10 @@ def test_an_unknown_audit_is_a_json_404(api, audit_id):
     assert response.json()["error"] == "not_found"
 
 
-def test_the_list_is_newest_first_filtered_and_paginated(api):
+def test_the_list_is_newest_first_filtered_and_paginated(api, staff_api):
     ids = [post_json(api, {"url": f"https://example.org/{n}"}).json()["id"] for n in range(5)]
     Audit.objects.filter(id=ids[0]).update(status=Audit.Status.FAILED)
+    api = staff_api
 
     page_one = api.get("/api/audits?page_size=2").json()
     assert page_one["count"] == 5
@@ -115,8 +123,8 @@ def test_the_list_is_newest_first_filtered_and_paginated(api):
     assert api.get("/api/audits?trigger=reaudit").json()["count"] == 0
 
 
-def test_a_bad_filter_names_the_field(api):
-    response = api.get("/api/audits?status=exploded")
+def test_a_bad_filter_names_the_field(staff_api):
+    response = staff_api.get("/api/audits?status=exploded")
     assert response.status_code == 400
     assert "status" in response.json()["fields"]
 
@@ -138,3 +146,30 @@ def test_healthz_is_503_when_redis_is_down(api, settings):
     response = api.get("/healthz")
     assert response.status_code == 503
     assert response.json()["checks"]["redis"].startswith("error")
+
+
+def test_listing_audits_needs_a_staff_login_or_a_token(api):
+    post_json(api, {"url": "https://example.org/"})
+    response = api.get("/api/audits")
+    assert response.status_code == 401
+    assert response.json()["error"] == "not_authenticated"
+
+
+def test_with_api_tokens_set_every_audit_call_needs_one(api, settings):
+    settings.API_TOKENS = ["s3cret-token"]
+    assert post_json(api, {"url": "https://example.org/"}).status_code == 401
+    assert (
+        post_json(
+            api, {"url": "https://example.org/"}, HTTP_AUTHORIZATION="Bearer wrong"
+        ).status_code
+        == 401
+    )
+    created = post_json(
+        api, {"url": "https://example.org/"}, HTTP_AUTHORIZATION="Bearer s3cret-token"
+    )
+    assert created.status_code == 202
+    assert api.get(f"/api/audits/{created.json()['id']}").status_code == 401
+    api.credentials(HTTP_AUTHORIZATION="Bearer s3cret-token")
+    assert api.get(f"/api/audits/{created.json()['id']}").status_code == 200
+    assert api.get("/api/audits").json()["count"] == 1
+    assert Audit.objects.count() == 1

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audits import services
+from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.serializers import (
     AuditListQuerySerializer,
     AuditSerializer,
@@ -33,6 +34,11 @@ class AuditPagination(PageNumberPagination):
 
 
 class AuditCollectionView(APIView):
+    def get_permissions(self):
+        if self.request.method == "GET":
+            return [TokenRequiredWhenConfigured(), TrustedCallerOnly()]
+        return super().get_permissions()
+
     @extend_schema(request=AuditSubmissionSerializer, responses={202: AuditSerializer})
     def post(self, request):
         submission = AuditSubmissionSerializer(data=request.data)
