@@ -55,7 +55,10 @@ def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_cli
     )
     assert (
         samples[
-            ("plumb_admission_decisions_total", (("decision", "refused_ip"), ("in_backoff", "true")))
+            (
+                "plumb_admission_decisions_total",
+                (("decision", "refused_ip"), ("in_backoff", "true")),
+            )
         ]
         == 1
     )
@@ -174,7 +177,9 @@ def test_unique_jobs_are_counted_within_the_hyperloglog_error(redis_client):
     for i in range(20_000):
         pipe.pfadd(metrics.jobs_key(minute_of(later)), f"job-{i}")
     pipe.execute()
-    assert redis_client.pfcount(metrics.jobs_key(minute_of(later))) == pytest.approx(20_000, rel=0.03)
+    assert redis_client.pfcount(metrics.jobs_key(minute_of(later))) == pytest.approx(
+        20_000, rel=0.03
+    )
 
 
 @pytest.mark.django_db
