@@ -14,8 +14,14 @@ from observability.charts import Series, legend, line_chart
 from observability.series import WINDOWS
 
 GREEN, ORANGE, RED, PURPLE, BLUE, GREY, AMBER = (
-    "#2e7d32", "#e65100", "#c62828", "#6a1b9a", "#1565c0", "#757575", "#f9a825",
-)  # fmt: skip
+    "#2e7d32",
+    "#e65100",
+    "#c62828",
+    "#6a1b9a",
+    "#1565c0",
+    "#757575",
+    "#f9a825",
+)
 
 
 @dataclass(frozen=True)
@@ -43,38 +49,85 @@ def _series_for(row: str, stats: dict) -> tuple[list[Series], tuple[float, str] 
     s, totals = stats["series"], stats["totals"]
     if row == "work":
         return [
-            Series("completions", "Completions", s["completions"], GREEN,
-                   total=_total(totals["completions"])),
-            Series("retry_attempts", "Retry attempts", s["retry_attempts"], ORANGE,
-                   total=_total(totals["retry_attempts"])),
-            Series("failures", "Failures (no retry left)", s["failures"], PURPLE, dashed=True,
-                   total=_total(totals["failures"])),
-        ], None  # fmt: skip
+            Series(
+                "completions",
+                "Completions",
+                s["completions"],
+                GREEN,
+                total=_total(totals["completions"]),
+            ),
+            Series(
+                "retry_attempts",
+                "Retry attempts",
+                s["retry_attempts"],
+                ORANGE,
+                total=_total(totals["retry_attempts"]),
+            ),
+            Series(
+                "failures",
+                "Failures (no retry left)",
+                s["failures"],
+                PURPLE,
+                dashed=True,
+                total=_total(totals["failures"]),
+            ),
+        ], None
     if row == "amplification":
         return [
-            Series("amplification", "Downstream requests per unique job", s["amplification"],
-                   BLUE, total=_total(totals["amplification"])),
-        ], (1.0, "1 request per job")  # fmt: skip
+            Series(
+                "amplification",
+                "Downstream requests per unique job",
+                s["amplification"],
+                BLUE,
+                total=_total(totals["amplification"]),
+            ),
+        ], (1.0, "1 request per job")
     if row == "backlog":
         latest = stats["latest_backlog"]
         return [
-            Series("waiting", "Waiting", s["backlog"]["waiting"], BLUE,
-                   total=_total(latest["waiting"])),
-            Series("retrying", "Retrying (in backoff)", s["backlog"]["retrying"], ORANGE,
-                   total=_total(latest["retrying"])),
-            Series("scheduled", "Scheduled", s["backlog"]["scheduled"], GREY,
-                   total=_total(latest["scheduled"])),
-        ], None  # fmt: skip
+            Series(
+                "waiting", "Waiting", s["backlog"]["waiting"], BLUE, total=_total(latest["waiting"])
+            ),
+            Series(
+                "retrying",
+                "Retrying (in backoff)",
+                s["backlog"]["retrying"],
+                ORANGE,
+                total=_total(latest["retrying"]),
+            ),
+            Series(
+                "scheduled",
+                "Scheduled",
+                s["backlog"]["scheduled"],
+                GREY,
+                total=_total(latest["scheduled"]),
+            ),
+        ], None
     if row == "admissions":
         admissions = s["admissions"]
         return [
-            Series("admitted", "Admitted", admissions["admitted"], GREEN,
-                   total=_total(totals["admissions"]["admitted"])),
-            Series("refused_ip", "Refused: per-IP limit", admissions["refused_ip"], AMBER,
-                   total=_total(totals["admissions"]["refused_ip"])),
-            Series("refused_backlog", "Refused: backlog full", admissions["refused_backlog"], RED,
-                   total=_total(totals["admissions"]["refused_backlog"])),
-        ], None  # fmt: skip
+            Series(
+                "admitted",
+                "Admitted",
+                admissions["admitted"],
+                GREEN,
+                total=_total(totals["admissions"]["admitted"]),
+            ),
+            Series(
+                "refused_ip",
+                "Refused: per-IP limit",
+                admissions["refused_ip"],
+                AMBER,
+                total=_total(totals["admissions"]["refused_ip"]),
+            ),
+            Series(
+                "refused_backlog",
+                "Refused: backlog full",
+                admissions["refused_backlog"],
+                RED,
+                total=_total(totals["admissions"]["refused_backlog"]),
+            ),
+        ], None
     if row == "breakers":
         breakers = s["breakers"]
         return [
@@ -84,25 +137,40 @@ def _series_for(row: str, stats: dict) -> tuple[list[Series], tuple[float, str] 
         ], None
     if row == "dead_letters":
         return [
-            Series("dead_letters", "Dead letters", s["dead_letters"], PURPLE,
-                   total=_total(totals["dead_letters"])),
-        ], None  # fmt: skip
+            Series(
+                "dead_letters",
+                "Dead letters",
+                s["dead_letters"],
+                PURPLE,
+                total=_total(totals["dead_letters"]),
+            ),
+        ], None
     raise ValueError(row)
 
 
 ROWS = [
-    ("work", "Completions vs retry attempts",
-     "Retry attempts are their own series: a bad retry policy hides here while the success rate "
-     "stays green."),
-    ("amplification", "Downstream requests per unique job",
-     "Requests sent to downstreams divided by the distinct jobs attempted in the same step. "
-     "1 is one request per job; a retry storm multiplies it."),
-    ("backlog", "Backlog", "Audits waiting in the queue, waiting out a retry delay, and "
-     "scheduled for later (the highest sample in each step)."),
+    (
+        "work",
+        "Completions vs retry attempts",
+        "Retry attempts are their own series: a bad retry policy hides here while the success rate "
+        "stays green.",
+    ),
+    (
+        "amplification",
+        "Downstream requests per unique job",
+        "Requests sent to downstreams divided by the distinct jobs attempted in the same step. "
+        "1 is one request per job; a retry storm multiplies it.",
+    ),
+    (
+        "backlog",
+        "Backlog",
+        "Audits waiting in the queue, waiting out a retry delay, and "
+        "scheduled for later (the highest sample in each step).",
+    ),
     ("admissions", "Admissions and refusals", "Submissions admitted and refused, by reason."),
     ("breakers", "Circuit breakers", "Breakers in each state (the highest sample in each step)."),
     ("dead_letters", "Dead letters", "Jobs set aside for an operator."),
-]  # fmt: skip
+]
 
 
 def rows(windows: list[dict]) -> list[Row]:
