@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 WIDTH, HEIGHT = 560, 190
-LEFT, RIGHT, TOP, BOTTOM = 46, 12, 10, 24
+LEFT, RIGHT, TOP, BOTTOM = 46, 18, 10, 24
 
 
 @dataclass(frozen=True)
@@ -27,15 +27,14 @@ class Series:
     total: str = ""
 
 
-def nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^k at or above `value` (at least 1)."""
-    if value <= 1:
-        return 1.0
-    magnitude = 10 ** math.floor(math.log10(value))
+def nice_ceiling(value: float, *, ticks: int = 4) -> float:
+    """The top of an axis with `ticks` equal steps of 1, 2, 2.5 or 5 x 10^k covering `value`."""
+    needed = max(value, 1.0) / ticks
+    magnitude = 10 ** math.floor(math.log10(needed))
     for factor in (1, 2, 2.5, 5, 10):
-        if factor * magnitude >= value:
-            return factor * magnitude
-    return 10 * magnitude
+        if factor * magnitude >= needed:
+            return factor * magnitude * ticks
+    raise AssertionError("unreachable: 10 x magnitude always covers it")
 
 
 def _number(value: float) -> str:

@@ -17,7 +17,7 @@ from celery import signals
 from django.db import connections
 
 from observability import gauges
-from observability.metrics import minute_of, record_samples, redis_connection
+from observability.metrics import BREAKER_STATES, minute_of, record_samples, redis_connection
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ def sample_once(*, now: float | None = None) -> bool:
         return False
     snapshot = gauges.queue_snapshot()
     values: dict[str, int | float] = snapshot.as_dict()
-    for state, count in gauges.breaker_states().items():
-        values[f"breakers:{state}"] = count
+    states = gauges.breaker_states()
+    for state in BREAKER_STATES:
+        values[f"breakers:{state}"] = states.get(state, 0)
     record_samples(values, now=now)
     return True
 

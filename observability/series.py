@@ -43,6 +43,14 @@ class Window:
 WINDOWS = {"1h": Window("1h", 60, 1), "1d": Window("1d", 24 * 60, 10)}
 
 
+def _number(raw: bytes) -> int | float:
+    # Counts are integers (HINCRBY); a sampled gauge may not be.
+    try:
+        return int(raw)
+    except ValueError:
+        return float(raw)
+
+
 def _ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 3) if denominator else None
 
@@ -69,7 +77,7 @@ def stats(window_name: str, *, now: float | None = None) -> dict:
     pipe.hvals(counter_key(TASK_DEAD_LETTERS))
     results = pipe.execute()
     buckets = {
-        minute: {k.decode(): float(v) for k, v in raw.items()}
+        minute: {k.decode(): _number(v) for k, v in raw.items()}
         for minute, raw in zip(minutes, results[: len(minutes)], strict=True)
     }
     unique_jobs = results[len(minutes) : len(minutes) + len(steps)]

@@ -13,7 +13,14 @@ READS = [
     re.compile(r'environ\[\s*"([A-Z][A-Z0-9_]+)"\s*\]'),
 ]
 # Variables of other programs that Plumb passes through but does not define.
-NOT_PLUMB_SETTINGS = {"DJANGO_SETTINGS_MODULE", "CI", "PYTHONUNBUFFERED"}
+# PROMETHEUS_MULTIPROC_DIR: set only by bench/metrics_overhead.py, to measure the mode
+# Plumb does not use (DECISIONS.md, "Observability").
+NOT_PLUMB_SETTINGS = {
+    "DJANGO_SETTINGS_MODULE",
+    "CI",
+    "PYTHONUNBUFFERED",
+    "PROMETHEUS_MULTIPROC_DIR",
+}
 
 
 def settings_read_by_the_code() -> set[str]:

@@ -210,3 +210,16 @@ def test_metrics_and_stats_need_the_bearer_token_once_one_is_set(client, setting
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 403
     assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert client.get("/api/stats", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_rare_events_write_their_log_line_with_what_was_seen(redis_client, caplog):
+    caplog.set_level("INFO", logger="observability.metrics")
+    metrics.record_admission("admitted", in_backoff=False)
+    metrics.record_admission("refused_backlog", in_backoff=True, backlog=812)
+    metrics.record_breaker_transition("api.example.org", "open", from_state="closed")
+    metrics.record_dead_letter("audits.run_audit", job_id="job-9", error="gave up")
+    events = {record.getMessage(): record for record in caplog.records}
+    assert set(events) == {"admission.refused", "breaker.transition", "task.dead_letter"}
+    assert events["admission.refused"].backlog == 812
+    assert events["breaker.transition"].key == "api.example.org"
+    assert events["task.dead_letter"].job_id == "job-9"

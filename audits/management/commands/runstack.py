@@ -130,7 +130,8 @@ class Command(BaseCommand):
         flower = f"http://127.0.0.1:{settings.FLOWER_PORT}/"
         if flower_login:
             user, _, password = flower_login.partition(":")
-            flower += f" (user {user!r}, password {password!r}, kept in var/flower-basic-auth)"
+            kept = Path(settings.VAR_DIR) / "flower-basic-auth"
+            flower += f" (user {user!r}, password {password!r}, kept in {kept})"
         else:
             flower += " (login from FLOWER_BASIC_AUTH)"
         lines = [
