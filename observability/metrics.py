@@ -11,11 +11,25 @@ Labels are closed sets (checked here: an unknown value is a bug, not a new
 series), except `task`, which is a registered task name. Keys and hosts never
 become labels; they go into log lines.
 
+Who calls what:
+    record_task_attempt / _retry / _completion / _failure / _audit_duration
+        observability.signals, for every Celery task. A retry through `Task.retry`
+        is counted there; its reason comes from the exception (`retry_reason`
+        attribute, or a 429), so code that retries that way must not call
+        `record_retry` as well. Code that parks a job without `Task.retry` calls
+        `record_retry(task, "breaker_parked")` itself.
+    record_downstream_request   every HTTP request to a downstream (audits.fetch: "host")
+    record_admission            where a submission is admitted or refused (audits.api.views)
+    record_dead_letter, record_breaker_transition
+                                where a job is dead-lettered, where a breaker changes state
+    record_samples              observability.sampler, once a minute
+
 Keys in Redis:
     metrics:counter:<metric>     hash  JSON label values -> total
     metrics:histogram:<metric>   hash  JSON [label values..., bucket|"sum"|"count"] -> value
     metrics:minute:<epoch min>   hash  dashboard field -> count in that minute (and samples)
     metrics:jobs:<epoch min>     HyperLogLog of the job ids attempted in that minute
+    metrics:sampled:<epoch min>  which process took that minute's gauge sample (observability.sampler)
 Minute keys expire METRICS_RETENTION_HOURS after their minute ends.
 """
 
