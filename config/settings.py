@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "audits",
     "reaudit",
     "ratelimit",
+    "observability",
 ]
 
 MIDDLEWARE = [
@@ -202,6 +203,13 @@ REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 
+# --- Observability ------------------------------------------------------------
+# Per-minute buckets behind the dashboard and /api/stats; the day view needs 24.
+METRICS_RETENTION_HOURS = env_int("METRICS_RETENTION_HOURS", 48, minimum=1)
+# Empty: /metrics and /api/stats are open (scraped over a private network). Set it
+# to require `Authorization: Bearer <token>` (or a staff session) for both.
+METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
+
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
@@ -231,6 +239,8 @@ WEB_HOST = env_str("WEB_HOST", "127.0.0.1")
 WEB_PORT = env_int("WEB_PORT", 8000, minimum=1)
 WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
+# "user:password" (several comma-separated); empty: runstack generates one into var/.
+FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
 AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 4, minimum=1)
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 1, minimum=1)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)

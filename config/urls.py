@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/schema", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("", include("observability.urls")),
 ]
 
 handler404 = "audits.api.errors.json_not_found"

@@ -6,14 +6,21 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ["config", "audits", "reaudit", "ratelimit", "bin", "bench"]
+SOURCE_DIRS = ["config", "audits", "reaudit", "ratelimit", "observability", "bin", "bench"]
 READS = [
     re.compile(r'env_(?:str|bool|int|float|list)\(\s*"([A-Z][A-Z0-9_]+)"'),
     re.compile(r'(?:environ|env)\.(?:get|setdefault)\(\s*"([A-Z][A-Z0-9_]+)"'),
     re.compile(r'environ\[\s*"([A-Z][A-Z0-9_]+)"\s*\]'),
 ]
 # Variables of other programs that Plumb passes through but does not define.
-NOT_PLUMB_SETTINGS = {"DJANGO_SETTINGS_MODULE", "CI", "PYTHONUNBUFFERED"}
+# PROMETHEUS_MULTIPROC_DIR: set only by bench/metrics_overhead.py, to measure the mode
+# Plumb does not use (DECISIONS.md, "Observability").
+NOT_PLUMB_SETTINGS = {
+    "DJANGO_SETTINGS_MODULE",
+    "CI",
+    "PYTHONUNBUFFERED",
+    "PROMETHEUS_MULTIPROC_DIR",
+}
 
 
 def settings_read_by_the_code() -> set[str]:

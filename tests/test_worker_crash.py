@@ -30,7 +30,10 @@ def status_of(audit: Audit) -> str:
 def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
     doomed = start_worker("audits", env=FAST_REDELIVERY)
     audit = submit(f"{site.base_url}/slow?delay=3")
-    wait_for(lambda: status_of(audit) == "running", timeout=15, message="the audit to start")
+    # Kill only once the request has reached the site: `running` is set just before the
+    # fetch, and on a loaded machine a kill right after it can land before the request.
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=15, message="the audit's request")
+    assert status_of(audit) == "running"
     # Held under the audits queue's own unacked keys, not kombu's shared default.
     assert redis_client.hlen("unacked:audits") == 1
     assert redis_client.hlen("unacked") == 0

@@ -17,6 +17,8 @@ from audits.api.serializers import (
     AuditSubmissionSerializer,
 )
 from audits.models import Audit
+from observability.gauges import audits_in_backoff
+from observability.metrics import record_admission
 
 
 def _is_uuid(value: str) -> bool:
@@ -44,6 +46,8 @@ class AuditCollectionView(APIView):
         submission = AuditSubmissionSerializer(data=request.data)
         submission.is_valid(raise_exception=True)
         audit = services.submit_audit(submission.validated_data["url"])
+        # Every valid submission is admitted until admission control can refuse one.
+        record_admission("admitted", in_backoff=audits_in_backoff())
         body = AuditSerializer(audit, context={"request": request}).data
         return Response(
             body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["links"]["self"]}

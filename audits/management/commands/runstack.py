@@ -21,6 +21,22 @@ from honcho.printer import Printer
 from config import devservices
 
 
+def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
+    """Flower's `user:password`: FLOWER_BASIC_AUTH, else one generated once per checkout.
+
+    Kept in var/ (like the dev secret key) so a browser's saved login survives a
+    restart. Returns the credentials and whether they were generated.
+    """
+    if configured:
+        return configured, False
+    path = var_dir / "flower-basic-auth"
+    if not path.exists():
+        var_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"flower:{secrets.token_urlsafe(12)}\n")
+        path.chmod(0o600)
+    return path.read_text().strip(), True
+
+
 class Command(BaseCommand):
     help = "Run web, workers, beat and Flower together (and a local Redis if none answers)."
 
@@ -35,6 +51,10 @@ class Command(BaseCommand):
         env = dict(os.environ)
         if demo:
             env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
+        # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.
+        env["FLOWER_BASIC_AUTH"], generated = flower_basic_auth(
+            Path(settings.VAR_DIR), settings.FLOWER_BASIC_AUTH
+        )
         redis_process = self._ensure_redis()
         try:
             call_command("migrate", interactive=False, verbosity=0)
@@ -43,7 +63,7 @@ class Command(BaseCommand):
             manager = Manager(Printer(sys.stdout))
             for name, command in self._processes(demo).items():
                 manager.add_process(name, command, env=env)
-            self._print_urls(demo)
+            self._print_urls(demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated else None)
             if demo:
                 threading.Thread(target=self._submit_demo_pages, daemon=True).start()
             manager.loop()
@@ -105,14 +125,23 @@ class Command(BaseCommand):
             )
         return processes
 
-    def _print_urls(self, demo: bool):
+    def _print_urls(self, demo: bool, flower_login: str | None):
         web = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
+        flower = f"http://127.0.0.1:{settings.FLOWER_PORT}/"
+        if flower_login:
+            user, _, password = flower_login.partition(":")
+            kept = Path(settings.VAR_DIR) / "flower-basic-auth"
+            flower += f" (user {user!r}, password {password!r}, kept in {kept})"
+        else:
+            flower += " (login from FLOWER_BASIC_AUTH)"
         lines = [
             f"API       {web}/api/audits",
+            f"Dashboard {web}/dashboard/ (staff login)",
+            f"Metrics   {web}/metrics",
             f"Admin     {web}/admin/",
             f"Schema    {web}/api/schema",
             f"Health    {web}/healthz",
-            f"Flower    http://127.0.0.1:{settings.FLOWER_PORT}/",
+            f"Flower    {flower}",
         ]
         if demo:
             lines.append(f"Demo site http://127.0.0.1:{settings.DEMO_SITE_PORT}/")

@@ -1,0 +1,131 @@
+"""GET /metrics: the totals kept in Redis and the gauges read now, in Prometheus text format."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+
+from observability import gauges
+from observability.metrics import (
+    BREAKER_STATES,
+    BREAKERS,
+    COUNTERS,
+    HISTOGRAMS,
+    KNOWN_LABEL_VALUES,
+    QUEUE_BACKLOG,
+    QUEUE_RETRYING,
+    QUEUE_RUNNING,
+    QUEUE_SCHEDULED,
+    QUEUE_WAITING,
+    RATE_LIMIT_REMAINING,
+    bucket_label,
+    counter_key,
+    histogram_key,
+    redis_connection,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PlumbCollector:
+    """Reads every counter and histogram in one Redis round trip, then the gauges."""
+
+    def describe(self) -> list:
+        # Nothing to describe up front: registering must not query Redis.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        pipe = redis_connection().pipeline(transaction=False)
+        for metric in COUNTERS:
+            pipe.hgetall(counter_key(metric))
+        for metric in HISTOGRAMS:
+            pipe.hgetall(histogram_key(metric))
+        results = pipe.execute()
+        for metric, stored in zip(COUNTERS, results[: len(COUNTERS)], strict=True):
+            yield _counter(metric, stored)
+        for metric, stored in zip(HISTOGRAMS, results[len(COUNTERS) :], strict=True):
+            yield _histogram(metric, stored)
+        yield from _gauges()
+
+
+def _counter(metric, stored: dict[bytes, bytes]) -> CounterMetricFamily:
+    family = CounterMetricFamily(metric.name, metric.help, labels=metric.labels)
+    values = {tuple(json.loads(field)): float(value) for field, value in stored.items()}
+    for labels in KNOWN_LABEL_VALUES.get(metric.name, []):
+        values.setdefault(tuple(labels), 0.0)
+    for labels, value in sorted(values.items()):
+        family.add_metric(list(labels), value)
+    return family
+
+
+def _histogram(metric, stored: dict[bytes, bytes]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+    series: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for field, value in stored.items():
+        *labels, part = json.loads(field)
+        series[tuple(labels)][part] = float(value)
+    for labels, parts in sorted(series.items()):
+        cumulative = 0.0
+        buckets = []
+        for bound in [bucket_label(b) for b in metric.buckets] + ["+Inf"]:
+            cumulative += parts.get(bound, 0.0)
+            buckets.append((bound, cumulative))
+        family.add_metric(list(labels), buckets, parts.get("sum", 0.0))
+    return family
+
+
+def _gauges() -> Iterator[Metric]:
+    # A gauge whose source cannot be read is left out of this scrape rather than
+    # failing it: the counters are still worth having.
+    try:
+        snapshot = gauges.queue_snapshot()
+    except Exception:
+        log.exception("metrics.gauge_unavailable", extra={"gauge": "queue"})
+    else:
+        for metric, value in (
+            (QUEUE_BACKLOG, snapshot.backlog),
+            (QUEUE_WAITING, snapshot.waiting),
+            (QUEUE_RETRYING, snapshot.retrying),
+            (QUEUE_RUNNING, snapshot.running),
+            (QUEUE_SCHEDULED, snapshot.scheduled),
+        ):
+            yield GaugeMetricFamily(metric.name, metric.help, value=value)
+
+    try:
+        states = gauges.breaker_states()
+    except Exception:
+        log.exception("metrics.gauge_unavailable", extra={"gauge": "breakers"})
+    else:
+        family = GaugeMetricFamily(BREAKERS.name, BREAKERS.help, labels=BREAKERS.labels)
+        for state in BREAKER_STATES:
+            family.add_metric([state], states.get(state, 0))
+        yield family
+
+    try:
+        remaining = gauges.rate_limit_remaining()
+    except Exception:
+        log.exception("metrics.gauge_unavailable", extra={"gauge": "rate_limits"})
+    else:
+        family = GaugeMetricFamily(
+            RATE_LIMIT_REMAINING.name, RATE_LIMIT_REMAINING.help, labels=RATE_LIMIT_REMAINING.labels
+        )
+        for key, value in sorted(remaining.items()):
+            family.add_metric([key], value)
+        yield family
+
+
+def exposition() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlumbCollector())
+    return generate_latest(registry)

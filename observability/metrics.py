@@ -1,0 +1,470 @@
+"""Every metric Plumb exposes, and the one function per event that records it.
+
+Each `record_*` function writes, in one Redis pipeline, both the running total
+that `GET /metrics` exposes to Prometheus and the per-minute bucket behind the
+dashboard and `GET /api/stats`: the two can never disagree, and the dashboard
+works with no Prometheus running. Totals live in Redis rather than in each
+process's memory so web processes, Celery pool children and workers on other
+hosts all add into one number (DECISIONS.md, "Observability").
+
+Labels are closed sets (checked here: an unknown value is a bug, not a new
+series), except `task`, which is a registered task name. Keys and hosts never
+become labels; they go into log lines.
+
+Who calls what:
+    record_task_attempt / _retry / _completion / _failure / _audit_duration
+        observability.signals, for every Celery task. A retry through `Task.retry`
+        is counted there; its reason comes from the exception (`retry_reason`
+        attribute, or a 429), so code that retries that way must not call
+        `record_retry` as well. Code that parks a job without `Task.retry` calls
+        `record_retry(task, "breaker_parked")` itself.
+    record_downstream_request   every HTTP request to a downstream (audits.fetch: "host")
+    record_admission            where a submission is admitted or refused (audits.api.views)
+    record_dead_letter, record_breaker_transition
+                                where a job is dead-lettered, where a breaker changes state
+    record_samples              observability.sampler, once a minute
+
+Keys in Redis:
+    metrics:counter:<metric>     hash  JSON label values -> total
+    metrics:histogram:<metric>   hash  JSON [label values..., bucket|"sum"|"count"] -> value
+    metrics:minute:<epoch min>   hash  dashboard field -> count in that minute (and samples)
+    metrics:jobs:<epoch min>     HyperLogLog of the job ids attempted in that minute
+    metrics:sampled:<epoch min>  which process took that minute's gauge sample (observability.sampler)
+Minute keys expire METRICS_RETENTION_HOURS after their minute ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+
+import redis
+from django.conf import settings
+from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger(__name__)
+
+# --- Closed label values ------------------------------------------------------
+RETRY_REASONS = ("error", "rate_limited", "breaker_parked")
+KEY_CLASSES = ("host", "github-installation", "github-app", "github-token")
+DOWNSTREAM_OUTCOMES = ("ok", "rate_limited", "transient_status", "timeout", "connection_error")
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
+ADMISSION_DECISIONS = ("admitted", "refused_ip", "refused_backlog")
+BREAKER_STATES = ("closed", "open", "half_open")
+AUDIT_OUTCOMES = ("succeeded", "retried", "failed")
+BOOLEAN = ("false", "true")
+
+# The task whose attempts are "audits" for the audit-duration histogram.
+AUDIT_TASK = "audits.run_audit"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # counter | gauge | histogram
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+# --- Counters (exposed with a _total suffix) ----------------------------------
+TASK_ATTEMPTS = Metric(
+    "plumb_task_attempts",
+    "counter",
+    "Task executions started (first attempts and retries).",
+    ("task",),
+)
+TASK_FIRST_ATTEMPTS = Metric(
+    "plumb_task_first_attempts",
+    "counter",
+    "Task executions that were a job's first attempt.",
+    ("task",),
+)
+TASK_RETRIES = Metric(
+    "plumb_task_retries",
+    "counter",
+    "Retries scheduled, by why the attempt did not finish.",
+    ("task", "reason"),
+)
+TASK_COMPLETIONS = Metric(
+    "plumb_task_completions",
+    "counter",
+    "Task executions that returned: the job is done.",
+    ("task",),
+)
+TASK_FAILURES = Metric(
+    "plumb_task_failures",
+    "counter",
+    "Task executions that failed for good (no retry left).",
+    ("task",),
+)
+TASK_DEAD_LETTERS = Metric(
+    "plumb_task_dead_letters",
+    "counter",
+    "Jobs set aside as dead letters for an operator.",
+    ("task",),
+)
+DOWNSTREAM_REQUESTS = Metric(
+    "plumb_downstream_requests",
+    "counter",
+    "HTTP requests sent to downstreams, by admission key class, status class and outcome.",
+    ("key_class", "status_class", "outcome"),
+)
+ADMISSION_DECISIONS_METRIC = Metric(
+    "plumb_admission_decisions",
+    "counter",
+    "Submissions admitted or refused; in_backoff=true when audits were waiting to retry.",
+    ("decision", "in_backoff"),
+)
+BREAKER_TRANSITIONS = Metric(
+    "plumb_breaker_transitions",
+    "counter",
+    "Circuit breaker state changes, by new state.",
+    ("key_class", "to_state"),
+)
+
+# --- Gauges (computed when scraped: observability.gauges) ---------------------
+QUEUE_BACKLOG = Metric(
+    "plumb_queue_backlog", "gauge", "Audits admitted but not running: waiting plus retrying."
+)
+QUEUE_WAITING = Metric(
+    "plumb_queue_waiting", "gauge", "Audit messages in the broker queue, due and not yet taken."
+)
+QUEUE_RETRYING = Metric(
+    "plumb_queue_retrying", "gauge", "Audits waiting out a retry delay (backoff)."
+)
+QUEUE_RUNNING = Metric("plumb_queue_running", "gauge", "Audits a worker is running now.")
+QUEUE_SCHEDULED = Metric(
+    "plumb_queue_scheduled", "gauge", "Re-audits scheduled for later, not yet due."
+)
+BREAKERS = Metric("plumb_breakers", "gauge", "Circuit breakers in each state.", ("state",))
+RATE_LIMIT_REMAINING = Metric(
+    "plumb_rate_limit_remaining",
+    "gauge",
+    "Requests a downstream says remain in its window, per watched key.",
+    ("key",),
+)
+
+# --- Histograms -----------------------------------------------------------------
+AUDIT_DURATION = Metric(
+    "plumb_audit_duration_seconds",
+    "histogram",
+    "Time a worker spent on one audit attempt.",
+    ("outcome",),
+    (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+DOWNSTREAM_LATENCY = Metric(
+    "plumb_downstream_request_duration_seconds",
+    "histogram",
+    "Time from sending a downstream request to its last byte (or its failure).",
+    ("key_class",),
+    (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+QUEUE_WAIT = Metric(
+    "plumb_queue_wait_seconds",
+    "histogram",
+    "Time a task message waited between becoming due (published, or its retry ETA) and starting.",
+    ("task",),
+    (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
+)
+
+COUNTERS = (
+    TASK_ATTEMPTS,
+    TASK_FIRST_ATTEMPTS,
+    TASK_RETRIES,
+    TASK_COMPLETIONS,
+    TASK_FAILURES,
+    TASK_DEAD_LETTERS,
+    DOWNSTREAM_REQUESTS,
+    ADMISSION_DECISIONS_METRIC,
+    BREAKER_TRANSITIONS,
+)
+GAUGES = (
+    QUEUE_BACKLOG,
+    QUEUE_WAITING,
+    QUEUE_RETRYING,
+    QUEUE_RUNNING,
+    QUEUE_SCHEDULED,
+    BREAKERS,
+    RATE_LIMIT_REMAINING,
+)
+HISTOGRAMS = (AUDIT_DURATION, DOWNSTREAM_LATENCY, QUEUE_WAIT)
+
+# Label values known in advance: these series are exposed at 0 before their first event,
+# so a rate() over them starts from the first scrape.
+KNOWN_LABEL_VALUES = {
+    ADMISSION_DECISIONS_METRIC.name: [(d, b) for d in ADMISSION_DECISIONS for b in BOOLEAN],
+}
+
+
+# --- Dashboard fields in each minute's hash -------------------------------------
+class Field:
+    ATTEMPTS = "attempts"
+    FIRST_ATTEMPTS = "first_attempts"
+    COMPLETIONS = "completions"
+    FAILURES = "failures"
+    DEAD_LETTERS = "dead_letters"
+    DOWNSTREAM_REQUESTS = "downstream_requests"
+
+    @staticmethod
+    def retries(reason: str) -> str:
+        return f"retries:{reason}"
+
+    @staticmethod
+    def admissions(decision: str) -> str:
+        return f"admissions:{decision}"
+
+    @staticmethod
+    def admissions_in_backoff(decision: str) -> str:
+        return f"admissions_in_backoff:{decision}"
+
+    @staticmethod
+    def breaker_transitions(to_state: str) -> str:
+        return f"breaker_transitions:{to_state}"
+
+    @staticmethod
+    def sample(name: str) -> str:
+        return f"sample:{name}"
+
+
+def counter_key(metric: Metric) -> str:
+    return f"metrics:counter:{metric.name}"
+
+
+def histogram_key(metric: Metric) -> str:
+    return f"metrics:histogram:{metric.name}"
+
+
+def minute_key(minute: int) -> str:
+    return f"metrics:minute:{minute}"
+
+
+def jobs_key(minute: int) -> str:
+    return f"metrics:jobs:{minute}"
+
+
+def minute_of(now: float | None = None) -> int:
+    return int((time.time() if now is None else now) // 60)
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    # Short timeouts: a metric is never worth holding up an audit or a request.
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def redis_connection() -> redis.Redis:
+    """This process's client for REDIS_URL (redis-py reconnects after a fork)."""
+    return _client(settings.REDIS_URL)
+
+
+def bucket_label(bound: float) -> str:
+    """A histogram bucket's `le` as Prometheus writes it (1 -> "1.0")."""
+    return floatToGoString(bound)
+
+
+def status_class(status_code: int | None) -> str:
+    if status_code is None or not 100 <= status_code <= 599:
+        return "none"
+    return f"{status_code // 100}xx"
+
+
+def _check(name: str, value: str, allowed: Iterable[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
+    return value
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+class _Recorder:
+    """Collects the Redis commands of one event; `_record` sends them in one round trip."""
+
+    def __init__(self, pipe, minute: int):
+        self.pipe = pipe
+        self.minute = minute
+
+    def count(self, metric: Metric, *labels: str, amount: int = 1) -> None:
+        self.pipe.hincrby(counter_key(metric), json.dumps(labels), amount)
+
+    def observe(self, metric: Metric, *labels: str, value: float) -> None:
+        index = bisect.bisect_left(metric.buckets, value)
+        bucket = bucket_label(metric.buckets[index]) if index < len(metric.buckets) else "+Inf"
+        key = histogram_key(metric)
+        self.pipe.hincrby(key, json.dumps([*labels, bucket]), 1)
+        self.pipe.hincrby(key, json.dumps([*labels, "count"]), 1)
+        self.pipe.hincrbyfloat(key, json.dumps([*labels, "sum"]), value)
+
+    def bump(self, field: str, amount: int = 1) -> None:
+        key = minute_key(self.minute)
+        self.pipe.hincrby(key, field, amount)
+        self.pipe.expireat(key, _expiry(self.minute))
+
+    def sample(self, values: dict[str, int | float]) -> None:
+        key = minute_key(self.minute)
+        self.pipe.hset(key, mapping={Field.sample(k): v for k, v in values.items()})
+        self.pipe.expireat(key, _expiry(self.minute))
+
+    def add_job(self, job_id: str) -> None:
+        key = jobs_key(self.minute)
+        self.pipe.pfadd(key, job_id)
+        self.pipe.expireat(key, _expiry(self.minute))
+
+
+def _expiry(minute: int) -> int:
+    return (minute + 1) * 60 + settings.METRICS_RETENTION_HOURS * 3600
+
+
+def _record(event: str, write: Callable[[_Recorder], None], now: float | None) -> None:
+    try:
+        pipe = redis_connection().pipeline(transaction=False)
+        write(_Recorder(pipe, minute_of(now)))
+        pipe.execute()
+    except redis.RedisError as exc:
+        # Losing a data point must never fail the work it describes.
+        log.warning("metrics.unrecorded", extra={"metric_event": event, "error": repr(exc)})
+
+
+# --- Recording functions ----------------------------------------------------------
+def record_task_attempt(
+    task: str,
+    *,
+    first: bool,
+    job_id: str,
+    queue_wait: float | None = None,
+    now: float | None = None,
+) -> None:
+    """A worker started running `task` for job `job_id` (the task id, kept across retries)."""
+
+    def write(r: _Recorder) -> None:
+        r.count(TASK_ATTEMPTS, task)
+        r.bump(Field.ATTEMPTS)
+        if first:
+            r.count(TASK_FIRST_ATTEMPTS, task)
+            r.bump(Field.FIRST_ATTEMPTS)
+        r.add_job(job_id)
+        if queue_wait is not None:
+            r.observe(QUEUE_WAIT, task, value=max(0.0, queue_wait))
+
+    _record("task_attempt", write, now)
+
+
+def record_retry(task: str, reason: str, *, now: float | None = None) -> None:
+    """A retry of `task` was scheduled: `reason` is error, rate_limited or breaker_parked."""
+    _check("reason", reason, RETRY_REASONS)
+
+    def write(r: _Recorder) -> None:
+        r.count(TASK_RETRIES, task, reason)
+        r.bump(Field.retries(reason))
+
+    _record("retry", write, now)
+
+
+def record_completion(task: str, *, now: float | None = None) -> None:
+    def write(r: _Recorder) -> None:
+        r.count(TASK_COMPLETIONS, task)
+        r.bump(Field.COMPLETIONS)
+
+    _record("completion", write, now)
+
+
+def record_failure(task: str, *, now: float | None = None) -> None:
+    def write(r: _Recorder) -> None:
+        r.count(TASK_FAILURES, task)
+        r.bump(Field.FAILURES)
+
+    _record("failure", write, now)
+
+
+def record_dead_letter(
+    task: str, *, job_id: str = "", error: str = "", now: float | None = None
+) -> None:
+    """A job was set aside for an operator. Logs `task.dead_letter` as well."""
+    log.warning("task.dead_letter", extra={"task": task, "job_id": job_id, "error": error})
+
+    def write(r: _Recorder) -> None:
+        r.count(TASK_DEAD_LETTERS, task)
+        r.bump(Field.DEAD_LETTERS)
+
+    _record("dead_letter", write, now)
+
+
+def record_audit_duration(seconds: float, *, outcome: str, now: float | None = None) -> None:
+    _check("outcome", outcome, AUDIT_OUTCOMES)
+    _record("audit_duration", lambda r: r.observe(AUDIT_DURATION, outcome, value=seconds), now)
+
+
+def record_downstream_request(
+    key_class: str,
+    status_code: int | None,
+    outcome: str,
+    seconds: float,
+    *,
+    now: float | None = None,
+) -> None:
+    """One HTTP request sent to a downstream (every redirect hop is one)."""
+    _check("key_class", key_class, KEY_CLASSES)
+    _check("outcome", outcome, DOWNSTREAM_OUTCOMES)
+
+    def write(r: _Recorder) -> None:
+        r.count(DOWNSTREAM_REQUESTS, key_class, status_class(status_code), outcome)
+        r.observe(DOWNSTREAM_LATENCY, key_class, value=seconds)
+        r.bump(Field.DOWNSTREAM_REQUESTS)
+
+    _record("downstream_request", write, now)
+
+
+def record_admission(
+    decision: str, *, in_backoff: bool, backlog: int | None = None, now: float | None = None
+) -> None:
+    """A submission was admitted or refused. A refusal logs `admission.refused` with the
+    backlog seen, so a refusal in the logs says what it was measured against."""
+    _check("decision", decision, ADMISSION_DECISIONS)
+    if decision != "admitted":
+        log.info(
+            "admission.refused",
+            extra={"decision": decision, "backlog": backlog, "in_backoff": in_backoff},
+        )
+
+    def write(r: _Recorder) -> None:
+        r.count(ADMISSION_DECISIONS_METRIC, decision, _flag(in_backoff))
+        r.bump(Field.admissions(decision))
+        if in_backoff:
+            r.bump(Field.admissions_in_backoff(decision))
+
+    _record("admission", write, now)
+
+
+def record_breaker_transition(
+    key: str,
+    to_state: str,
+    *,
+    key_class: str = "host",
+    from_state: str | None = None,
+    now: float | None = None,
+) -> None:
+    """A breaker changed state. `key` (a host, an installation) goes to the log line only."""
+    _check("to_state", to_state, BREAKER_STATES)
+    _check("key_class", key_class, KEY_CLASSES)
+    log.warning(
+        "breaker.transition",
+        extra={"key": key, "key_class": key_class, "from_state": from_state, "to_state": to_state},
+    )
+
+    def write(r: _Recorder) -> None:
+        r.count(BREAKER_TRANSITIONS, key_class, to_state)
+        r.bump(Field.breaker_transitions(to_state))
+
+    _record("breaker_transition", write, now)
+
+
+def record_samples(values: dict[str, int | float], *, now: float | None = None) -> None:
+    """Gauge readings for the dashboard's per-minute series (the last one in a minute wins)."""
+    _record("samples", lambda r: r.sample(values), now)

@@ -1,0 +1,84 @@
+"""GET /metrics (Prometheus), GET /api/stats (JSON series), /dashboard/ (plots, staff only)."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.http import require_GET
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from observability import dashboard as plots
+from observability.collector import exposition
+from observability.sampler import sample_once
+from observability.series import WINDOWS, stats
+
+
+def operator_may_read(request: HttpRequest) -> bool:
+    """Open unless METRICS_BEARER_TOKEN is set; then that token, or a staff session."""
+    token = settings.METRICS_BEARER_TOKEN
+    if not token:
+        return True
+    if request.user.is_authenticated and request.user.is_staff:
+        return True
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def _forbidden() -> JsonResponse:
+    return JsonResponse(
+        {"error": "forbidden", "detail": "Send Authorization: Bearer <METRICS_BEARER_TOKEN>."},
+        status=403,
+    )
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not operator_may_read(request):
+        return _forbidden()
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+def api_stats(request: HttpRequest) -> JsonResponse:
+    if not operator_may_read(request):
+        return _forbidden()
+    window = request.GET.get("window", "1h")
+    if window not in WINDOWS:
+        return JsonResponse(
+            {"error": "invalid_request", "fields": {"window": [f"One of {', '.join(WINDOWS)}."]}},
+            status=400,
+        )
+    sample_once()
+    return JsonResponse(stats(window))
+
+
+def dead_letter_admin_url() -> str:
+    """Where an operator reviews dead letters: the failed audits until dead letters have a model."""
+    try:
+        return reverse("admin:audits_audit_changelist") + "?status__exact=failed"
+    except NoReverseMatch:
+        return reverse("admin:index")
+
+
+@staff_member_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    sample_once()
+    windows = [stats(name) for name in WINDOWS]
+    hour = windows[0]
+    return render(
+        request,
+        "observability/dashboard.html",
+        {
+            "rows": plots.rows(windows),
+            "hour": hour,
+            "windows": [WINDOWS[w["window"]] for w in windows],
+            "dead_letters_all_time": hour["dead_letters_all_time"],
+            "dead_letter_admin_url": dead_letter_admin_url(),
+        },
+    )

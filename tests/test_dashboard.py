@@ -1,0 +1,138 @@
+"""GET /api/stats (the per-minute series) and /dashboard/ (the same series as SVG plots)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from observability import metrics
+from observability.charts import Series, line_chart
+from observability.sampler import sample_once
+from observability.series import stats
+
+pytestmark = pytest.mark.django_db
+
+NOW = 1_800_000_000.0 - 1_800_000_000.0 % 3600 + 30  # half a minute into an hour
+
+
+def storm(now: float) -> None:
+    """One minute of a retry storm: 2 jobs, 8 attempts, 8 downstream requests, 1 completion."""
+    for job in ("a", "b"):
+        metrics.record_task_attempt("audits.run_audit", first=True, job_id=job, now=now)
+        for _ in range(3):
+            metrics.record_task_attempt("audits.run_audit", first=False, job_id=job, now=now)
+            metrics.record_retry("audits.run_audit", "error", now=now)
+    for _ in range(8):
+        metrics.record_downstream_request("host", 503, "transient_status", 0.1, now=now)
+    metrics.record_completion("audits.run_audit", now=now)
+
+
+def test_the_hour_has_one_point_per_minute_with_retries_apart_from_completions(redis_client):
+    storm(NOW - 120)
+    metrics.record_task_attempt("audits.run_audit", first=True, job_id="c", now=NOW)
+    metrics.record_downstream_request("host", 200, "ok", 0.1, now=NOW)
+    metrics.record_completion("audits.run_audit", now=NOW)
+
+    hour = stats("1h", now=NOW)
+    assert hour["step_seconds"] == 60 and len(hour["t"]) == 60
+    assert hour["t"][-1] == NOW - 30
+    series = hour["series"]
+    assert series["completions"][-3:] == [1, 0, 1]
+    assert series["retry_attempts"][-3:] == [6, 0, 0]
+    assert series["retries_scheduled"]["error"][-3:] == [6, 0, 0]
+    assert series["downstream_requests"][-3:] == [8, 0, 1]
+    assert series["unique_jobs"][-3:] == [2, 0, 1]
+    assert series["amplification"][-3:] == [4.0, None, 1.0]
+    totals = hour["totals"]
+    assert (totals["downstream_requests"], totals["unique_jobs"], totals["amplification"]) == (
+        9,
+        3,
+        3.0,
+    )
+
+
+def test_the_day_is_shown_in_ten_minute_steps_counting_each_job_once_per_step(redis_client):
+    # Minutes 3 and 4 of the hour: the same ten-minute step (steps follow the clock).
+    storm(NOW + 180)
+    # The same two jobs retried in the next minute: still two jobs in the step.
+    storm(NOW + 240)
+    day = stats("1d", now=NOW + 300)
+    assert day["step_seconds"] == 600
+    assert 144 <= len(day["t"]) <= 145
+    assert day["series"]["retry_attempts"][-1] == 12
+    assert day["series"]["unique_jobs"][-1] == 2
+    assert day["series"]["amplification"][-1] == 8.0
+
+
+def test_a_gauge_sample_is_taken_once_a_minute_and_missing_minutes_stay_empty(redis_client):
+    assert sample_once(now=NOW) is True
+    assert sample_once(now=NOW + 5) is False  # another process already took this minute
+    backlog = stats("1h", now=NOW)["series"]["backlog"]
+    assert backlog["waiting"][-1] == 0 and backlog["retrying"][-1] == 0
+    assert backlog["waiting"][-2] is None  # no sample: no point, not a fake zero
+
+
+def test_admissions_and_refusals_are_series_with_those_made_during_backoff(redis_client):
+    metrics.record_admission("admitted", in_backoff=False, now=NOW)
+    metrics.record_admission("refused_backlog", in_backoff=True, backlog=500, now=NOW)
+    metrics.record_admission("refused_backlog", in_backoff=True, backlog=501, now=NOW)
+    hour = stats("1h", now=NOW)
+    assert hour["series"]["admissions"]["refused_backlog"][-1] == 2
+    assert hour["totals"]["admissions_in_backoff"] == {
+        "admitted": 0,
+        "refused_ip": 0,
+        "refused_backlog": 2,
+    }
+
+
+def test_stats_rejects_an_unknown_window(client, redis_client):
+    response = client.get("/api/stats?window=1y")
+    assert response.status_code == 400
+    assert "window" in response.json()["fields"]
+
+
+def test_stats_returns_the_series_as_json(client, redis_client):
+    storm(time.time())
+    body = client.get("/api/stats?window=1h").json()
+    assert body["window"] == "1h"
+    assert body["totals"]["retry_attempts"] == 6
+    assert body["totals"]["amplification"] == 4.0
+    assert len(body["series"]["completions"]) == len(body["t"])
+
+
+def test_the_dashboard_needs_a_staff_login(client, redis_client):
+    response = client.get("/dashboard/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    user = get_user_model().objects.create_user("viewer", password="pw-not-staff")
+    client.force_login(user)
+    assert client.get("/dashboard/").status_code == 302
+
+
+def test_the_dashboard_plots_retries_vs_completions_first_then_amplification(client, redis_client):
+    storm(time.time())
+    staff = get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    client.force_login(staff)
+    response = client.get("/dashboard/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    charts = re.findall(r'<svg class="chart" data-chart="([\w-]+)"', html)
+    assert charts[:4] == ["work-1h", "work-1d", "amplification-1h", "amplification-1d"]
+    assert set(charts) == {
+        f"{row}-{window}"
+        for row in ("work", "amplification", "backlog", "admissions", "breakers", "dead_letters")
+        for window in ("1h", "1d")
+    }
+    first_chart = html[html.index('data-chart="work-1h"') : html.index("</svg>")]
+    assert 'data-series="completions"' in first_chart
+    assert 'data-series="retry_attempts"' in first_chart
+    assert re.search(r'data-total="amplification">4(\.0)?×', html)
+    assert "/admin/audits/audit/?status__exact=failed" in html
+
+
+def test_a_missing_value_breaks_the_line_instead_of_drawing_zero():
+    svg = line_chart("c", "t", [0, 60, 120, 180], [Series("s", "S", [1, 2, None, 3], "#000")])
+    assert svg.count("<polyline") == 1  # the first two points
+    assert svg.count("<circle") == 1  # the lone last point

@@ -1,0 +1,57 @@
+"""Flower runs behind basic auth: FLOWER_BASIC_AUTH, or credentials runstack generates once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from django.conf import settings
+
+from audits.management.commands.runstack import flower_basic_auth
+from config.devservices import free_port
+from tests.workers import ROOT, wait_for
+
+
+def test_configured_credentials_are_used_as_they_are(tmp_path):
+    assert flower_basic_auth(tmp_path, "ops:pw") == ("ops:pw", False)
+    assert not (tmp_path / "flower-basic-auth").exists()
+
+
+def test_without_a_setting_credentials_are_generated_once_and_kept(tmp_path):
+    credentials, generated = flower_basic_auth(tmp_path, "")
+    user, _, password = credentials.partition(":")
+    assert generated and user == "flower" and len(password) >= 16
+    assert flower_basic_auth(tmp_path, "") == (credentials, True)
+    assert (tmp_path / "flower-basic-auth").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.slow
+def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "FLOWER_BASIC_AUTH": "ops:let-me-in"}
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "flower",
+         "--address=127.0.0.1", f"--port={port}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+
+    def answers():
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            return None
+
+    try:
+        refused = wait_for(answers, timeout=60, interval=0.3, message="Flower to answer")
+        assert refused.status_code == 401
+        assert httpx.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
+        assert httpx.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 200
+        # docker-compose's healthcheck polls this one without credentials.
+        assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
+    finally:
+        flower.terminate()
+        flower.wait(timeout=15)

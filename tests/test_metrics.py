@@ -1,0 +1,225 @@
+"""Recording functions, the Redis totals behind /metrics, and the Prometheus exposition."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from audits.models import Audit, Page
+from observability import metrics
+from observability.collector import exposition
+from observability.gauges import broker_queue_keys, queue_snapshot
+from observability.metrics import Field, minute_key, minute_of
+from observability.signals import retry_reason
+
+NOW = 1_800_000_000.0  # a fixed instant, so buckets are predictable
+
+
+def scrape() -> dict[tuple[str, tuple], float]:
+    """Every sample of the exposition as {(name, sorted labels): value}."""
+    samples = {}
+    for family in text_string_to_metric_families(exposition().decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_client):
+    metrics.record_task_attempt("audits.run_audit", first=True, job_id="job-1", now=NOW)
+    metrics.record_task_attempt("audits.run_audit", first=False, job_id="job-1", now=NOW)
+    metrics.record_retry("audits.run_audit", "error", now=NOW)
+    metrics.record_completion("audits.run_audit", now=NOW)
+    metrics.record_dead_letter("audits.run_audit", job_id="job-2", now=NOW)
+    metrics.record_downstream_request("host", 503, "transient_status", 0.2, now=NOW)
+    metrics.record_admission("refused_ip", in_backoff=True, backlog=7, now=NOW)
+
+    samples = scrape()
+    task = (("task", "audits.run_audit"),)
+    assert samples[("plumb_task_attempts_total", task)] == 2
+    assert samples[("plumb_task_first_attempts_total", task)] == 1
+    assert samples[("plumb_task_retries_total", (("reason", "error"), *task))] == 1
+    assert samples[("plumb_task_completions_total", task)] == 1
+    assert samples[("plumb_task_dead_letters_total", task)] == 1
+    assert (
+        samples[
+            (
+                "plumb_downstream_requests_total",
+                (("key_class", "host"), ("outcome", "transient_status"), ("status_class", "5xx")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        samples[
+            (
+                "plumb_admission_decisions_total",
+                (("decision", "refused_ip"), ("in_backoff", "true")),
+            )
+        ]
+        == 1
+    )
+
+    bucket = redis_client.hgetall(minute_key(minute_of(NOW)))
+    assert bucket[Field.ATTEMPTS.encode()] == b"2"
+    assert bucket[Field.FIRST_ATTEMPTS.encode()] == b"1"
+    assert bucket[Field.retries("error").encode()] == b"1"
+    assert bucket[Field.COMPLETIONS.encode()] == b"1"
+    assert bucket[Field.DEAD_LETTERS.encode()] == b"1"
+    assert bucket[Field.DOWNSTREAM_REQUESTS.encode()] == b"1"
+    assert bucket[Field.admissions("refused_ip").encode()] == b"1"
+    assert bucket[Field.admissions_in_backoff("refused_ip").encode()] == b"1"
+
+
+def test_a_label_value_outside_its_closed_set_is_refused(redis_client):
+    with pytest.raises(ValueError, match="reason"):
+        metrics.record_retry("audits.run_audit", "because")
+    with pytest.raises(ValueError, match="key_class"):
+        metrics.record_downstream_request("example.org", 200, "ok", 0.1)
+    with pytest.raises(ValueError, match="decision"):
+        metrics.record_admission("maybe", in_backoff=False)
+    assert redis_client.keys("metrics:*") == []
+
+
+def test_minute_buckets_expire_after_the_retention(redis_client, settings):
+    settings.METRICS_RETENTION_HOURS = 2
+    metrics.record_completion("audits.run_audit")
+    ttl = redis_client.ttl(minute_key(minute_of()))
+    assert 2 * 3600 <= ttl <= 2 * 3600 + 60
+    # The Prometheus totals never expire: a counter only goes up.
+    assert redis_client.ttl(metrics.counter_key(metrics.TASK_COMPLETIONS)) == -1
+
+
+def test_a_histogram_is_exposed_with_cumulative_buckets(redis_client):
+    for seconds in (0.003, 0.04, 0.04, 7.0, 99.0):
+        metrics.record_downstream_request("host", 200, "ok", seconds)
+    samples = scrape()
+    name = "plumb_downstream_request_duration_seconds"
+
+    def bucket(le):
+        return samples[(f"{name}_bucket", (("key_class", "host"), ("le", le)))]
+
+    assert bucket("0.01") == 1
+    assert bucket("0.05") == 3
+    assert bucket("10.0") == 4
+    assert bucket("+Inf") == 5
+    assert samples[(f"{name}_count", (("key_class", "host"),))] == 5
+    assert samples[(f"{name}_sum", (("key_class", "host"),))] == pytest.approx(106.083)
+
+
+def _record_completions(count: int) -> None:
+    for _ in range(count):
+        metrics.record_completion("audits.run_audit")
+
+
+def test_recordings_from_several_processes_add_up_in_one_scrape(redis_client):
+    # What gunicorn workers and Celery pool children do: separate processes, one total.
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=_record_completions, args=(200,)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    samples = scrape()
+    assert samples[("plumb_task_completions_total", (("task", "audits.run_audit"),))] == 800
+
+
+@pytest.mark.django_db
+def test_gauges_are_read_when_scraped(redis_client):
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    Audit.objects.create(page=page, status=Audit.Status.RUNNING)
+    Audit.objects.create(page=page, status=Audit.Status.RETRYING)
+    Audit.objects.create(page=page, status=Audit.Status.RETRYING)
+    # kombu keeps one list per priority step: all of them are waiting work.
+    plain, *by_priority = broker_queue_keys("audits")
+    redis_client.rpush(plain, "m1", "m2")
+    redis_client.rpush(by_priority[0], "m3")
+
+    snapshot = queue_snapshot()
+    assert (snapshot.waiting, snapshot.retrying, snapshot.running, snapshot.scheduled) == (
+        3,
+        2,
+        1,
+        0,
+    )
+    samples = scrape()
+    assert samples[("plumb_queue_waiting", ())] == 3
+    assert samples[("plumb_queue_retrying", ())] == 2
+    assert samples[("plumb_queue_running", ())] == 1
+    assert samples[("plumb_queue_backlog", ())] == 5
+    assert samples[("plumb_breakers", (("state", "open"),))] == 0
+
+
+def test_a_429_is_a_rate_limited_retry_and_an_exception_can_name_its_reason():
+    from audits.fetch import TransientFetchError
+
+    assert retry_reason(TransientFetchError("x", status_code=429)) == "rate_limited"
+    assert retry_reason(TransientFetchError("x", status_code=503)) == "error"
+
+    class Parked(Exception):
+        retry_reason = "breaker_parked"
+
+    assert retry_reason(Parked()) == "breaker_parked"
+
+
+def test_unique_jobs_are_counted_within_the_hyperloglog_error(redis_client):
+    # Redis HyperLogLog: 12 kB per minute however many jobs, at a standard error of
+    # 0.81 %. Small counts (a test run, a quiet minute) come out exact.
+    for i in range(5):
+        metrics.record_task_attempt("audits.run_audit", first=True, job_id=f"small-{i}", now=NOW)
+    assert redis_client.pfcount(metrics.jobs_key(minute_of(NOW))) == 5
+    later = NOW + 60
+    pipe = redis_client.pipeline()
+    for i in range(20_000):
+        pipe.pfadd(metrics.jobs_key(minute_of(later)), f"job-{i}")
+    pipe.execute()
+    assert redis_client.pfcount(metrics.jobs_key(minute_of(later))) == pytest.approx(
+        20_000, rel=0.03
+    )
+
+
+@pytest.mark.django_db
+def test_the_metrics_endpoint_passes_promtool(client, redis_client):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus; .ci/run does)")
+    metrics.record_task_attempt("audits.run_audit", first=True, job_id="j", queue_wait=0.2)
+    metrics.record_retry("audits.run_audit", "rate_limited")
+    metrics.record_audit_duration(1.5, outcome="succeeded")
+    metrics.record_downstream_request("github-app", None, "timeout", 10.0)
+    metrics.record_breaker_transition("example.org", "open")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=response.content, capture_output=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+    assert b"plumb_task_retries_total" in response.content
+
+
+@pytest.mark.django_db
+def test_metrics_and_stats_need_the_bearer_token_once_one_is_set(client, settings, redis_client):
+    settings.METRICS_BEARER_TOKEN = "s3cret"
+    assert client.get("/metrics").status_code == 403
+    assert client.get("/api/stats").status_code == 403
+    assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/api/stats", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_rare_events_write_their_log_line_with_what_was_seen(redis_client, caplog):
+    caplog.set_level("INFO", logger="observability.metrics")
+    metrics.record_admission("admitted", in_backoff=False)
+    metrics.record_admission("refused_backlog", in_backoff=True, backlog=812)
+    metrics.record_breaker_transition("api.example.org", "open", from_state="closed")
+    metrics.record_dead_letter("audits.run_audit", job_id="job-9", error="gave up")
+    events = {record.getMessage(): record for record in caplog.records}
+    assert set(events) == {"admission.refused", "breaker.transition", "task.dead_letter"}
+    assert events["admission.refused"].backlog == 812
+    assert events["breaker.transition"].key == "api.example.org"
+    assert events["task.dead_letter"].job_id == "job-9"

@@ -1,0 +1,120 @@
+"""Real workers count attempts, retries, completions and queue wait, and log each task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from audits import services
+from audits.models import Audit
+from audits.targets import normalize_url
+from observability.collector import exposition
+from observability.series import stats
+from tests.test_metrics import scrape
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+TASK = (("task", "audits.run_audit"),)
+
+
+def submit(url: str) -> Audit:
+    # transactional_db (through start_worker): the enqueue runs at once.
+    return services.submit_audit(normalize_url(url))
+
+
+def finished(audit: Audit, worker, timeout: float = 40) -> Audit:
+    try:
+        wait_for(
+            lambda: Audit.objects.get(id=audit.id).is_finished, timeout=timeout,
+            message=f"audit {audit.id} to finish",
+        )  # fmt: skip
+    except AssertionError:
+        print(worker.output())
+        raise
+    return Audit.objects.get(id=audit.id)
+
+
+def json_events(worker) -> list[dict]:
+    return [json.loads(line) for line in worker.lines if line.startswith("{")]
+
+
+def test_a_flaky_audit_counts_its_attempts_retries_and_one_completion(site, start_worker):
+    worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.2", "LOG_FORMAT": "json"})
+    audit = finished(submit(f"{site.base_url}/flaky?key=metrics&fail=2"), worker)
+    assert audit.status == "succeeded" and audit.attempts == 3
+
+    # The postrun signal records the completion just after the row is finished.
+    wait_for(
+        lambda: scrape().get(("plumb_task_completions_total", TASK)) == 1,
+        timeout=10, message="the completion to be counted",
+    )  # fmt: skip
+    samples = scrape()
+    assert samples[("plumb_task_attempts_total", TASK)] == 3
+    assert samples[("plumb_task_first_attempts_total", TASK)] == 1
+    assert samples[("plumb_task_retries_total", (("reason", "error"), *TASK))] == 2
+    assert ("plumb_task_failures_total", TASK) not in samples
+    downstream = "plumb_downstream_requests_total"
+    assert (
+        samples[(downstream, (("key_class", "host"), ("outcome", "ok"), ("status_class", "2xx")))]
+        == 1
+    )
+    assert (
+        samples[
+            (
+                downstream,
+                (("key_class", "host"), ("outcome", "transient_status"), ("status_class", "5xx")),
+            )
+        ]
+        == 2
+    )
+    assert samples[("plumb_queue_wait_seconds_count", TASK)] == 3
+    assert samples[("plumb_audit_duration_seconds_count", (("outcome", "retried"),))] == 2
+    assert samples[("plumb_audit_duration_seconds_count", (("outcome", "succeeded"),))] == 1
+
+    hour = stats("1h")["totals"]
+    assert (hour["completions"], hour["retry_attempts"], hour["first_attempts"]) == (1, 2, 1)
+    assert (hour["downstream_requests"], hour["unique_jobs"], hour["amplification"]) == (3, 1, 3.0)
+
+    events = json_events(worker)
+    started = [e for e in events if e["event"] == "task.started"]
+    assert [e["attempt"] for e in started] == [1, 2, 3]
+    assert {e["task_id"] for e in started} == {audit.task_id}
+    assert all(e["queue_wait_seconds"] is not None for e in started)
+    retries = [e for e in events if e["event"] == "task.retry"]
+    assert len(retries) == 2 and all(e["delay_seconds"] > 0 and e["reason"] for e in retries)
+    # Queue wait counts from when a retry became due, not from when it was published:
+    # the retry delays (at least 0.75 + 1.5 s) are not in it.
+    delays = sum(e["delay_seconds"] for e in retries)
+    assert samples[("plumb_queue_wait_seconds_sum", TASK)] < delays / 2
+    assert [e["state"] for e in events if e["event"] == "task.finished"] == [
+        "RETRY", "RETRY", "SUCCESS",
+    ]  # fmt: skip
+
+
+def test_an_audit_out_of_attempts_counts_a_failure_not_a_completion(site, start_worker):
+    worker = start_worker(
+        "audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "2"}
+    )
+    audit = finished(submit(f"{site.base_url}/flaky?key=doomed&fail=100"), worker)
+    assert audit.status == "failed"
+    wait_for(
+        lambda: scrape().get(("plumb_task_failures_total", TASK)) == 1,
+        timeout=10, message="the failure to be counted",
+    )  # fmt: skip
+    samples = scrape()
+    assert samples[("plumb_task_attempts_total", TASK)] == 2
+    assert samples[("plumb_task_retries_total", (("reason", "error"), *TASK))] == 1
+    assert ("plumb_task_completions_total", TASK) not in samples
+    assert stats("1h")["totals"]["failures"] == 1
+
+
+def test_a_worker_samples_the_backlog_once_a_minute(site, start_worker, redis_client):
+    start_worker("audits")
+    # The sampler takes the minute's sample as the worker becomes ready.
+    wait_for(
+        lambda: any(v is not None for v in stats("1h")["series"]["backlog"]["waiting"]),
+        timeout=15, message="a backlog sample",
+    )  # fmt: skip
+    assert b"plumb_queue_backlog" in exposition()
