@@ -9,6 +9,7 @@ from urllib.parse import urljoin
 import httpx
 
 from audits.targets import GuardedNetworkBackend, InvalidURL, TargetNotAllowed, normalize_url
+from ratelimit.client import OutboundClient
 from ratelimit.headers import parse_retry_after
 
 MAX_REDIRECTS = 5
@@ -86,7 +87,9 @@ def fetch_page(
 
     The timeout bounds the whole fetch (every hop and the body), so a server
     that trickles a body without end still ends the audit on time; the size cap
-    truncates the body rather than failing the audit.
+    truncates the body rather than failing the audit. Each hop is admitted
+    against its host's rate-limit observations first: a host that asked us to
+    wait longer than an inline wait raises `ratelimit.admission.RateLimited`.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -95,13 +98,14 @@ def fetch_page(
     with build_client(
         timeout=timeout, user_agent=user_agent, allow_private=allow_private
     ) as client:
+        outbound = OutboundClient(client)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TransientFetchError(f"timed out after {timeout:g}s fetching {current}")
             request = client.build_request("GET", current, timeout=httpx.Timeout(remaining))
             try:
-                response = client.send(request, stream=True)
+                response = outbound.send(request, stream=True, deadline=deadline)
             except TargetNotAllowed as exc:
                 raise PermanentFetchError(f"refused to fetch {current}: {exc}") from exc
             except httpx.TimeoutException as exc:

@@ -31,6 +31,7 @@ def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
     doomed = start_worker("audits", env=FAST_REDELIVERY)
     audit = submit(f"{site.base_url}/slow?delay=3")
     wait_for(lambda: status_of(audit) == "running", timeout=15, message="the audit to start")
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=15, message="the fetch to be in flight")
     # Held under the audits queue's own unacked keys, not kombu's shared default.
     assert redis_client.hlen("unacked:audits") == 1
     assert redis_client.hlen("unacked") == 0
