@@ -15,7 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from ratelimit.observations import latest
+from ratelimit.observations import SECONDARY_RESOURCE, latest
 
 # The inline ladder: 0.5 s, 1 s, 2 s, ... each scaled by a factor in [0.5, 1.5],
 # so callers that hit the same limit together do not come back together.
@@ -64,10 +64,22 @@ class Admission:
 
 
 def admit(key: str, resource: str, *, now: float | None = None) -> Admission:
+    """Go, or wait until the later of this bucket's reset/block and its key's secondary block.
+
+    GitHub's secondary limits hold for a credential across REST and GraphQL, so
+    they are kept as one more bucket of the key (`secondary`) that every call
+    with that key also asks about.
+    """
     now = time.time() if now is None else now
-    observation = latest(key, resource)
-    until = observation.wait_until(now) if observation is not None else None
-    return Admission(key=key, resource=resource, until=until)
+    buckets = [resource]
+    if not key.startswith("host:") and resource != SECONDARY_RESOURCE:
+        buckets.append(SECONDARY_RESOURCE)
+    waits = []
+    for bucket in buckets:
+        observation = latest(key, bucket)
+        if observation is not None and (until := observation.wait_until(now)) is not None:
+            waits.append(until)
+    return Admission(key=key, resource=resource, until=max(waits) if waits else None)
 
 
 def inline_delay(step: int, *, at_least: float = 0.0, rng: random.Random | None = None) -> float:

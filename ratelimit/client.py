@@ -20,7 +20,14 @@ from django.conf import settings
 
 from ratelimit.admission import MAX_INLINE_RETRIES, RateLimited, admit, inline_delay
 from ratelimit.headers import LimitHeaders, parse_limit_headers
-from ratelimit.observations import DEFAULT_RESOURCE, Kind, Observation, host_key, record
+from ratelimit.observations import (
+    DEFAULT_RESOURCE,
+    SECONDARY_RESOURCE,
+    Kind,
+    Observation,
+    host_key,
+    record,
+)
 from ratelimit.politeness import Politeness, polite_slot
 
 RATE_LIMIT_STATUSES = {403, 429}
@@ -185,9 +192,13 @@ class OutboundClient:
         verdict = classify(response, now=now, ladder_step=ladder_step)
         if verdict.limits.is_empty and not verdict.limited:
             return verdict
-        # A plain host's bucket is the one admission asks about; GitHub names its own.
-        if not key.startswith("host:") and verdict.limits.resource:
-            resource = verdict.limits.resource
+        # A plain host's bucket is the one admission asks about; GitHub names its own,
+        # and its secondary limits hold for the whole credential.
+        if not key.startswith("host:"):
+            if verdict.kind == Kind.SECONDARY:
+                resource = SECONDARY_RESOURCE
+            elif verdict.limits.resource:
+                resource = verdict.limits.resource
         record(
             Observation.from_headers(
                 key,

@@ -27,6 +27,9 @@ from ratelimit.headers import LimitHeaders
 log = logging.getLogger(__name__)
 
 DEFAULT_RESOURCE = "default"
+# GitHub's secondary limits are per credential, across REST and GraphQL: kept as
+# one more bucket of the key, which admission reads beside the call's own.
+SECONDARY_RESOURCE = "secondary"
 HOT_KEY_PREFIX = "ratelimit:observation:"
 # How long Redis keeps a bucket it has heard nothing new about, past its reset.
 HOT_TTL_SECONDS = 3600

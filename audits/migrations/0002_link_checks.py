@@ -5,42 +5,100 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('audits', '0001_initial'),
+        ("audits", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='audit',
-            name='link_checks_deadline',
-            field=models.DateTimeField(blank=True, help_text='The audit finishes by then, reporting unfinished checks.', null=True),
+            model_name="audit",
+            name="link_checks_deadline",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="The audit finishes by then, reporting unfinished checks.",
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='audit',
-            name='status',
-            field=models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('retrying', 'Retrying'), ('checking_links', 'Checking Links'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='queued', max_length=16),
+            model_name="audit",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("queued", "Queued"),
+                    ("running", "Running"),
+                    ("retrying", "Retrying"),
+                    ("checking_links", "Checking Links"),
+                    ("succeeded", "Succeeded"),
+                    ("failed", "Failed"),
+                ],
+                default="queued",
+                max_length=16,
+            ),
         ),
         migrations.CreateModel(
-            name='LinkCheck',
+            name="LinkCheck",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('url', models.CharField(max_length=2048)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('ok', 'Ok'), ('redirected', 'Redirected'), ('broken', 'Broken'), ('rate_limited_pending', 'Rate Limited Pending'), ('skipped', 'Skipped')], default='queued', max_length=24)),
-                ('task_id', models.CharField(blank=True, max_length=255)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('final_url', models.CharField(blank=True, max_length=2048)),
-                ('github', models.JSONField(blank=True, help_text='For a GitHub repository: exists, archived, via.', null=True)),
-                ('detail', models.TextField(blank=True)),
-                ('retry_at', models.DateTimeField(blank=True, help_text='When a rate-limited check will try again.', null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('audit', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='link_checks', to='audits.audit')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("url", models.CharField(max_length=2048)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("ok", "Ok"),
+                            ("redirected", "Redirected"),
+                            ("broken", "Broken"),
+                            ("rate_limited_pending", "Rate Limited Pending"),
+                            ("skipped", "Skipped"),
+                        ],
+                        default="queued",
+                        max_length=24,
+                    ),
+                ),
+                ("task_id", models.CharField(blank=True, max_length=255)),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("final_url", models.CharField(blank=True, max_length=2048)),
+                (
+                    "github",
+                    models.JSONField(
+                        blank=True,
+                        help_text="For a GitHub repository: exists, archived, via.",
+                        null=True,
+                    ),
+                ),
+                ("detail", models.TextField(blank=True)),
+                (
+                    "retry_at",
+                    models.DateTimeField(
+                        blank=True, help_text="When a rate-limited check will try again.", null=True
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "audit",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="link_checks",
+                        to="audits.audit",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['audit', 'url'],
-                'indexes': [models.Index(fields=['audit', 'status'], name='link_check_audit_status_idx')],
-                'constraints': [models.UniqueConstraint(fields=('audit', 'url'), name='link_check_audit_url_unique')],
+                "ordering": ["audit", "url"],
+                "indexes": [
+                    models.Index(fields=["audit", "status"], name="link_check_audit_status_idx")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("audit", "url"), name="link_check_audit_url_unique"
+                    )
+                ],
             },
         ),
     ]

@@ -4,31 +4,68 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='RateLimitObservation',
+            name="RateLimitObservation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(help_text='Whose quota: host:…, github-installation:…', max_length=200)),
-                ('resource', models.CharField(help_text='Which bucket of it: core, graphql, …', max_length=64)),
-                ('kind', models.CharField(choices=[('ok', 'answered'), ('primary', 'primary limit exhausted'), ('secondary', 'secondary limit (Retry-After)'), ('rate_limited', 'rate limited')], default='ok', max_length=16)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('limit', models.IntegerField(blank=True, null=True)),
-                ('remaining', models.IntegerField(blank=True, null=True)),
-                ('used', models.IntegerField(blank=True, null=True)),
-                ('reset_at', models.DateTimeField(blank=True, null=True)),
-                ('blocked_until', models.DateTimeField(blank=True, help_text='Retry-After or a secondary limit: no calls before this.', null=True)),
-                ('observed_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "key",
+                    models.CharField(
+                        help_text="Whose quota: host:…, github-installation:…", max_length=200
+                    ),
+                ),
+                (
+                    "resource",
+                    models.CharField(
+                        help_text="Which bucket of it: core, graphql, …", max_length=64
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("ok", "answered"),
+                            ("primary", "primary limit exhausted"),
+                            ("secondary", "secondary limit (Retry-After)"),
+                            ("rate_limited", "rate limited"),
+                        ],
+                        default="ok",
+                        max_length=16,
+                    ),
+                ),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("limit", models.IntegerField(blank=True, null=True)),
+                ("remaining", models.IntegerField(blank=True, null=True)),
+                ("used", models.IntegerField(blank=True, null=True)),
+                ("reset_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "blocked_until",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="Retry-After or a secondary limit: no calls before this.",
+                        null=True,
+                    ),
+                ),
+                ("observed_at", models.DateTimeField()),
             ],
             options={
-                'ordering': ['-observed_at'],
-                'indexes': [models.Index(fields=['key', 'resource', '-observed_at'], name='observation_bucket_idx'), models.Index(fields=['-observed_at'], name='observation_observed_idx')],
+                "ordering": ["-observed_at"],
+                "indexes": [
+                    models.Index(
+                        fields=["key", "resource", "-observed_at"], name="observation_bucket_idx"
+                    ),
+                    models.Index(fields=["-observed_at"], name="observation_observed_idx"),
+                ],
             },
         ),
     ]
