@@ -17,6 +17,7 @@ record when each request came and how many were in flight.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -57,7 +58,7 @@ class Bucket:
     def roll(self, now: float) -> None:
         if now >= self.reset_at:
             self.remaining = self.limit
-            self.reset_at = now + self.window
+            self.reset_at = math.ceil(now + self.window)
 
 
 @dataclass
@@ -167,7 +168,8 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
         state = self.state
         now = time.time()
         bucket = state.buckets.setdefault(
-            (identity, resource), Bucket(state.limit, state.limit, now + state.window, state.window)
+            (identity, resource),
+            Bucket(state.limit, state.limit, math.ceil(now + state.window), state.window),
         )
         bucket.roll(now)
         return bucket
@@ -290,12 +292,14 @@ class FakeGitHub(ThreadingHTTPServer):
     def app(self) -> str:
         return f"app:{self.state.app_id}"
 
-    def exhaust(self, identity: str, resource: str, *, reset_in: float) -> None:
-        """Spend the bucket now; it refills `reset_in` seconds from now."""
+    def exhaust(self, identity: str, resource: str, *, reset_in: float) -> float:
+        """Spend the bucket now; it refills at the whole second `reset_in` seconds from now
+        (GitHub's reset is whole epoch seconds), which is returned."""
         with self.state.lock:
             self.state.buckets[(identity, resource)] = Bucket(
-                self.state.limit, 0, time.time() + reset_in, self.state.window
+                self.state.limit, 0, math.ceil(time.time() + reset_in), self.state.window
             )
+            return self.state.buckets[(identity, resource)].reset_at
 
     def secondary_limit(self, identity: str, retry_after: int = 60) -> None:
         with self.state.lock:
