@@ -283,3 +283,22 @@ def test_the_waker_reads_the_tasks_own_bucket_and_reparks_while_it_is_spent(redi
     assert message["headers"]["id"] == "t-1"
     assert message["headers"]["retries"] == 0  # no attempt spent
     assert message["headers"][parking.DEFERRALS_HEADER] == 1
+
+
+def test_the_observation_admin_is_read_only_and_filters_by_key_and_resource(
+    admin_client, redis_client
+):
+    now = time.time()
+    remember_and_record = [
+        exhausted_core(now),
+        healthy(INSTALLATION, "graphql", now),
+        healthy("host:example.org", "default", now),
+    ]
+    for observation in remember_and_record:
+        record(observation)
+    url = "/admin/ratelimit/ratelimitobservation/"
+    page = admin_client.get(url, {"key_kind": "github-installation", "resource": "core"})
+    assert page.status_code == 200
+    shown = list(page.context["cl"].queryset.values_list("key", "resource"))
+    assert shown == [(INSTALLATION, "core")]
+    assert admin_client.get(f"{url}add/").status_code == 403
