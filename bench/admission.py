@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgres://... REDIS_URL=redis://127.0.0.1:6379/10 .venv/bin/python bench/admission.py
 
-Migrates the database it is given, writes BENCH_ROWS observations (keys prefixed
+Migrates the database it is given, writes 20,000 observations (keys prefixed
 `bench:`) spread over 200 keys and two resources, then times admission reads both
 ways in one run and prints the ratio. Removes its rows and Redis keys afterwards.
 """
@@ -36,7 +36,7 @@ from ratelimit.observations import (  # noqa: E402
     shared_redis,
 )
 
-ROWS = int(os.environ.get("BENCH_ROWS", "20000"))
+ROWS = 20000
 READS = 2000
 KEYS = [f"bench:installation:{n}" for n in range(200)]
 
