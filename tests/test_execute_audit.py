@@ -66,3 +66,25 @@ def test_a_finished_audit_is_not_run_again(site):
 def test_an_unknown_or_malformed_audit_id_is_skipped():
     assert services.execute_audit("6f1f5b8e-0000-4000-8000-000000000000") is None
     assert services.execute_audit("not-a-uuid") is None
+
+
+def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given_back(
+    site, redis_client
+):
+    import time
+
+    from ratelimit.admission import RateLimited
+    from ratelimit.client import admission_key_for_url
+    from ratelimit.observations import Kind, Observation, record
+
+    now = time.time()
+    key = admission_key_for_url(site.base_url)
+    record(Observation(key, "default", now, Kind.SECONDARY, 429, blocked_until=now + 120))
+    audit = make_audit(f"{site.base_url}/noindex")
+    with pytest.raises(RateLimited) as limited:
+        services.execute_audit(str(audit.id))
+    assert limited.value.retry_at == pytest.approx(now + 120)
+    assert site.hits["/noindex"] == 0
+    services.mark_deferred(str(audit.id), error=f"rate limited: {limited.value}")
+    audit.refresh_from_db()
+    assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)
