@@ -335,12 +335,11 @@ class LinkedPageHandler(BaseHTTPRequestHandler):
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
             server.arrivals.append(time.time())
-        try:
-            time.sleep(server.delay)
-            self._send(b"<!doctype html><title>Target</title>")
-        finally:
-            with server.lock:
-                server.in_flight -= 1
+        time.sleep(server.delay)
+        # Out of flight before the answer leaves: no client can have it before this runs.
+        with server.lock:
+            server.in_flight -= 1
+        self._send(b"<!doctype html><title>Target</title>")
 
     def _send(self, body: bytes):
         self.send_response(200)

@@ -194,8 +194,8 @@ def test_parked_link_checks_wake_spread_out_after_the_reset_and_all_complete(
         env={**fake_github.worker_env, "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "5",
              "RATELIMIT_INLINE_MAX_WAIT_SECONDS": "1"},
     )  # fmt: skip
-    reset_at = fake_github.exhaust(fake_github.installation, "core", reset_in=8)
-    fake_github.exhaust(fake_github.installation, "graphql", reset_in=8)
+    reset_at = fake_github.exhaust(fake_github.installation, "core", reset_in=10)
+    fake_github.exhaust(fake_github.installation, "graphql", reset_in=10)
     audit = submit(f"{page.url}/")
     entries = wait_for(
         lambda: len(found := parked_entries(redis_client)) == 6 and found,
@@ -236,7 +236,7 @@ def test_with_the_bucket_exhausted_for_the_whole_test_the_downstream_sees_only_t
     start_worker(
         "audits",
         concurrency=2,
-        env={**fake_github.worker_env, "AUDIT_LINKCHECK_DEADLINE_SECONDS": "4"},
+        env={**fake_github.worker_env, "AUDIT_LINKCHECK_DEADLINE_SECONDS": "8"},
     )
     beat("ratelimit.wake_parked", "audits.finish_overdue_link_checks")
     audit = submit(f"{page.url}/")
