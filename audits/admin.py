@@ -3,7 +3,7 @@ import json
 from django.contrib import admin
 from django.utils.html import format_html
 
-from audits.models import Audit, Page
+from audits.models import Audit, LinkCheck, Page
 
 
 @admin.register(Page)
@@ -15,8 +15,35 @@ class PageAdmin(admin.ModelAdmin):
     readonly_fields = ["created_at"]
 
 
+class LinkCheckInline(admin.TabularInline):
+    model = LinkCheck
+    extra = 0
+    can_delete = False
+    fields = ["url", "status", "status_code", "final_url", "github", "detail", "retry_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(LinkCheck)
+class LinkCheckAdmin(admin.ModelAdmin):
+    list_display = ["url", "status", "status_code", "audit_id", "retry_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["url", "=audit__id"]
+    raw_id_fields = ["audit"]
+    readonly_fields = [
+        "audit", "url", "status", "task_id", "status_code", "final_url", "github", "detail",
+        "retry_at", "created_at", "finished_at",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request):
+        return False
+
+
 @admin.register(Audit)
 class AuditAdmin(admin.ModelAdmin):
+    inlines = [LinkCheckInline]
     list_display = ["id", "page_url", "status", "trigger", "attempts", "created_at", "finished_at"]
     list_filter = ["status", "trigger", "created_at"]
     search_fields = ["page__url", "=id", "=task_id"]
@@ -34,6 +61,7 @@ class AuditAdmin(admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "link_checks_deadline",
         "error",
         "result_pretty",
     ]

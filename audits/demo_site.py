@@ -88,7 +88,12 @@ class DemoSiteHandler(BaseHTTPRequestHandler):
     # --- routes --------------------------------------------------------------
     def index(self, query):
         links = "".join(f"<li><a href='{p}'>{p}</a></li>" for p in DEMO_PATHS[1:])
-        body = f"<ul>{links}</ul><p><a href='https://example.org/'>an external link</a></p>"
+        # An external link that stays on this machine: the same site under another host name.
+        port = self.server.server_address[1]
+        body = (
+            f"<ul>{links}</ul>"
+            f"<p><a href='http://localhost:{port}/'>an external link (this site as localhost)</a></p>"
+        )
         self._send(
             200,
             _page("Plumb demo", body, head="<link rel='canonical' href='/'>"),

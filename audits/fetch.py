@@ -9,7 +9,7 @@ from urllib.parse import urljoin
 import httpx
 
 from audits.targets import GuardedNetworkBackend, InvalidURL, TargetNotAllowed, normalize_url
-from observability.metrics import record_downstream_request
+from ratelimit.client import OutboundClient
 from ratelimit.headers import parse_retry_after
 
 MAX_REDIRECTS = 5
@@ -87,7 +87,9 @@ def fetch_page(
 
     The timeout bounds the whole fetch (every hop and the body), so a server
     that trickles a body without end still ends the audit on time; the size cap
-    truncates the body rather than failing the audit.
+    truncates the body rather than failing the audit. Each hop is admitted
+    against its host's rate-limit observations first: a host that asked us to
+    wait longer than an inline wait raises `ratelimit.admission.RateLimited`.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -96,28 +98,24 @@ def fetch_page(
     with build_client(
         timeout=timeout, user_agent=user_agent, allow_private=allow_private
     ) as client:
+        outbound = OutboundClient(client)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TransientFetchError(f"timed out after {timeout:g}s fetching {current}")
             request = client.build_request("GET", current, timeout=httpx.Timeout(remaining))
-            hop_started = time.monotonic()
             try:
-                response = client.send(request, stream=True)
+                response = outbound.send(request, stream=True, deadline=deadline)
             except TargetNotAllowed as exc:
-                # Refused before connecting: no request reached a downstream, none is counted.
                 raise PermanentFetchError(f"refused to fetch {current}: {exc}") from exc
             except httpx.TimeoutException as exc:
-                _count_request(hop_started, None, "timeout")
                 raise TransientFetchError(
                     f"timed out after {timeout:g}s fetching {current}"
                 ) from exc
             except (httpx.TransportError, httpx.ProtocolError) as exc:
-                _count_request(hop_started, None, "connection_error")
                 raise TransientFetchError(
                     f"could not fetch {current}: {exc.__class__.__name__}: {exc}"
                 ) from exc
-            outcome = "ok"
             try:
                 ttfb_ms = (time.monotonic() - started) * 1000
                 if response.status_code in REDIRECT_STATUSES and "location" in response.headers:
@@ -129,26 +127,16 @@ def fetch_page(
                     current = _redirect_target(current, response.headers["location"])
                     continue
                 if response.status_code in TRANSIENT_STATUSES:
-                    outcome = "rate_limited" if response.status_code == 429 else "transient_status"
                     raise TransientFetchError(
                         f"{current} answered {response.status_code}",
                         retry_after=parse_retry_after(response.headers.get("retry-after")),
                         status_code=response.status_code,
                     )
-                try:
-                    body, truncated = _read_body(
-                        response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
-                    )
-                except TransientFetchError as exc:
-                    # Past the deadline (no cause) or a read timeout; else the connection broke.
-                    timed_out = exc.__cause__ is None or isinstance(
-                        exc.__cause__, httpx.TimeoutException
-                    )
-                    outcome = "timeout" if timed_out else "connection_error"
-                    raise
+                body, truncated = _read_body(
+                    response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
+                )
             finally:
                 response.close()
-                _count_request(hop_started, response.status_code, outcome)
             return FetchedPage(
                 requested_url=url,
                 final_url=current,
@@ -160,11 +148,6 @@ def fetch_page(
                 total_ms=round((time.monotonic() - started) * 1000, 1),
                 redirects=redirects,
             )
-
-
-def _count_request(started: float, status_code: int | None, outcome: str) -> None:
-    """Every request sent to the page's host is one downstream request (redirect hops too)."""
-    record_downstream_request("host", status_code, outcome, time.monotonic() - started)
 
 
 def _redirect_target(current: str, location: str) -> str:

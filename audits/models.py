@@ -28,6 +28,7 @@ class Audit(models.Model):
         QUEUED = "queued"
         RUNNING = "running"
         RETRYING = "retrying"
+        CHECKING_LINKS = "checking_links"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
@@ -51,6 +52,9 @@ class Audit(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    link_checks_deadline = models.DateTimeField(
+        null=True, blank=True, help_text="The audit finishes by then, reporting unfinished checks."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -71,3 +75,64 @@ class Audit(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in self.FINISHED
+
+
+class LinkCheck(models.Model):
+    """One outbound link of an audited page, checked by its own task."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        OK = "ok"
+        REDIRECTED = "redirected"
+        BROKEN = "broken"
+        RATE_LIMITED_PENDING = "rate_limited_pending"
+        SKIPPED = "skipped"
+
+    # Still to run: queued, or deferred until a rate limit lets it call out.
+    UNFINISHED = (Status.QUEUED, Status.RATE_LIMITED_PENDING)
+
+    audit = models.ForeignKey(Audit, on_delete=models.CASCADE, related_name="link_checks")
+    url = models.CharField(max_length=2048)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
+    task_id = models.CharField(max_length=255, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    final_url = models.CharField(max_length=2048, blank=True)
+    github = models.JSONField(
+        null=True, blank=True, help_text="For a GitHub repository: exists, archived, via."
+    )
+    detail = models.TextField(blank=True)
+    retry_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a rate-limited check will try again."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["audit", "url"]
+        constraints = [
+            models.UniqueConstraint(fields=["audit", "url"], name="link_check_audit_url_unique"),
+        ]
+        indexes = [models.Index(fields=["audit", "status"], name="link_check_audit_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status not in self.UNFINISHED
+
+    def as_result(self) -> dict:
+        entry = {"url": self.url, "status": self.status}
+        if self.status_code is not None:
+            entry["status_code"] = self.status_code
+        if self.final_url and self.final_url != self.url:
+            entry["final_url"] = self.final_url
+        if self.github is not None:
+            entry["github"] = self.github
+        if self.detail:
+            entry["detail"] = self.detail
+        if self.status == self.Status.RATE_LIMITED_PENDING and self.retry_at:
+            entry["retry_at"] = self.retry_at.isoformat()
+        if not self.is_finished:
+            entry["finished"] = False
+        return entry

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, fetch_page
+from audits.linkcheck import start_link_checks
 from audits.models import Audit, Page
 from audits.targets import NormalizedURL
 
@@ -62,7 +63,8 @@ def claim_audit(audit_id: str) -> Audit | None:
     try:
         claimed = (
             Audit.objects.filter(id=audit_id)
-            .exclude(status__in=Audit.FINISHED)
+            # An audit checking its links has fetched its page: a redelivery leaves it be.
+            .exclude(status__in=(*Audit.FINISHED, Audit.Status.CHECKING_LINKS))
             .update(
                 status=Audit.Status.RUNNING,
                 attempts=F("attempts") + 1,
@@ -80,7 +82,12 @@ def claim_audit(audit_id: str) -> Audit | None:
 
 
 def execute_audit(audit_id: str) -> Audit | None:
-    """Run one attempt of an audit. Transient fetch errors propagate for the task to retry."""
+    """Run one attempt of an audit. Transient fetch errors propagate for the task to retry,
+    and so does RateLimited (the page's host asked us to wait), for the task to defer.
+
+    A page with external links moves on to `checking_links`; the last check (or the
+    deadline sweep) finishes the audit.
+    """
     audit = claim_audit(audit_id)
     if audit is None:
         return None
@@ -95,7 +102,9 @@ def execute_audit(audit_id: str) -> Audit | None:
     except PermanentFetchError as exc:
         finish_audit(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return audit
-    finish_audit(audit_id, status=Audit.Status.SUCCEEDED, result=audit_result(fetched))
+    result = audit_result(fetched)
+    if not start_link_checks(audit, result):
+        finish_audit(audit_id, status=Audit.Status.SUCCEEDED, result=result)
     return audit
 
 
@@ -116,4 +125,11 @@ def finish_audit(
 def mark_retrying(audit_id: str, error: str) -> None:
     Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING).update(
         status=Audit.Status.RETRYING, error=error
+    )
+
+
+def mark_deferred(audit_id: str, error: str) -> None:
+    """Waiting for a rate limit: retrying, and the attempt this run counted is given back."""
+    Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING).update(
+        status=Audit.Status.RETRYING, error=error, attempts=F("attempts") - 1
     )

@@ -3,9 +3,14 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from audits import services
+from audits import linkcheck, services
 from audits.fetch import TransientFetchError
-from ratelimit.retry import PlumbTask
+from ratelimit.admission import RateLimited
+from ratelimit.retry import PlumbTask, defer, deferrals
+
+# A page whose host keeps rate-limiting us is deferred this often (no attempt
+# spent) before its waits start counting as attempts, so it fails in the end.
+MAX_AUDIT_DEFERRALS = 10
 
 
 class AuditTask(PlumbTask):
@@ -23,6 +28,7 @@ class AuditTask(PlumbTask):
 
 
 @shared_task(
+    bind=True,
     base=AuditTask,
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
@@ -31,5 +37,48 @@ class AuditTask(PlumbTask):
     soft_time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30,
     time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60,
 )
-def run_audit(audit_id: str) -> None:
-    services.execute_audit(audit_id)
+def run_audit(self, audit_id: str) -> None:
+    try:
+        services.execute_audit(audit_id)
+    except RateLimited as exc:
+        if deferrals(self) >= MAX_AUDIT_DEFERRALS:
+            raise TransientFetchError(str(exc), retry_after=exc.retry_after) from exc
+        services.mark_deferred(audit_id, error=f"rate limited: {exc}")
+        defer(self, exc.retry_at, str(exc), key=exc.key, resource=exc.resource)
+
+
+class LinkCheckTask(PlumbTask):
+    max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+
+    def after_final_failure(self, exc, *, args, kwargs):
+        if args:
+            linkcheck.give_up(args[0], error=f"{exc.__class__.__name__}: {exc}")
+
+
+@shared_task(
+    bind=True,
+    base=LinkCheckTask,
+    name="audits.check_link",
+    queue=settings.AUDIT_QUEUE,
+    autoretry_for=(linkcheck.TransientLinkError,),
+    # The check itself is bounded by the fetch timeout; inline rate-limit waits are
+    # bounded by RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most.
+    soft_time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS
+    + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
+    + 30,
+    time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS
+    + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
+    + 60,
+)
+def check_link(self, link_check_id: int) -> None:
+    try:
+        linkcheck.run_link_check(link_check_id)
+    except RateLimited as exc:
+        # Bounded by the audit's deadline: a check woken after it returns at once.
+        linkcheck.mark_rate_limited(link_check_id, exc)
+        defer(self, exc.retry_at, str(exc), key=exc.key, resource=exc.resource)
+
+
+@shared_task(name="audits.finish_overdue_link_checks", queue=settings.AUDIT_QUEUE)
+def finish_overdue_link_checks() -> None:
+    linkcheck.finish_overdue_link_checks()

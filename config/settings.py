@@ -209,6 +209,39 @@ METRICS_RETENTION_HOURS = env_int("METRICS_RETENTION_HOURS", 48, minimum=1)
 # Empty: /metrics and /api/stats are open (scraped over a private network). Set it
 # to require `Authorization: Bearer <token>` (or a staff session) for both.
 METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
+# --- Outbound rate limits and link checks ---------------------------------------
+# A wait for a rate-limited bucket up to this long is slept inline; a longer one
+# defers the task (no attempt spent) instead of holding the worker.
+RATELIMIT_INLINE_MAX_WAIT_SECONDS = env_float("RATELIMIT_INLINE_MAX_WAIT_SECONDS", 5.0, minimum=0)
+LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, minimum=1)
+LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
+AUDIT_LINKCHECK_DEADLINE_SECONDS = env_float("AUDIT_LINKCHECK_DEADLINE_SECONDS", 120.0, minimum=1)
+AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
+
+GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
+GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")
+GITHUB_APP_PRIVATE_KEY = env_str("GITHUB_APP_PRIVATE_KEY", "")
+GITHUB_INSTALLATION_ID = env_str("GITHUB_INSTALLATION_ID", "")
+GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
+_github_app = [GITHUB_APP_ID, GITHUB_APP_PRIVATE_KEY, GITHUB_INSTALLATION_ID]
+if any(_github_app) and not all(_github_app):
+    raise ImproperlyConfigured(
+        "A GitHub App needs GITHUB_APP_ID, GITHUB_APP_PRIVATE_KEY and GITHUB_INSTALLATION_ID together."
+    )
+
+# Periodic tasks, each on an explicit queue (beat syncs these into its database schedule).
+CELERY_BEAT_SCHEDULE = {
+    "wake-parked-tasks": {
+        "task": "ratelimit.wake_parked",
+        "schedule": 5.0,
+        "options": {"queue": AUDIT_QUEUE, "expires": 5.0},
+    },
+    "finish-overdue-link-checks": {
+        "task": "audits.finish_overdue_link_checks",
+        "schedule": 10.0,
+        "options": {"queue": AUDIT_QUEUE, "expires": 10.0},
+    },
+}
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import random
+import time
+from typing import NoReturn
 
 from celery import Task
+from celery.exceptions import Ignore
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -122,3 +125,63 @@ class PlumbTask(Task):
 
     def after_final_failure(self, exc, *, args, kwargs) -> None:
         """Called once no attempt is left (or the error was not retryable)."""
+
+
+class Deferred(Ignore):
+    """The task was sent again for later; this run ends without a retry or a failure."""
+
+
+def defer(task: Task, until: float, reason: str, *, key: str = "", resource: str = "") -> NoReturn:
+    """Run `task` again at `until` (epoch seconds) plus jitter, without spending an attempt.
+
+    The same task id and the same `retries` count are published again, so a rate
+    limit costs no attempt. A wait a worker may hold (half the queue's visibility
+    timeout) becomes a countdown; a longer one is parked in Redis and woken by the
+    periodic `ratelimit.wake_parked` (see `ratelimit.parking`). Raises `Deferred`,
+    which acknowledges the current message.
+    """
+    from ratelimit.parking import ParkedTask, longest_eta, park, publish
+
+    now = time.time()
+    delay = retry_after_delay(max(0.0, until - now))
+    request = task.request
+    queue = (request.delivery_info or {}).get("routing_key") or task.queue
+    parked = ParkedTask(
+        name=task.name,
+        task_id=request.id,
+        queue=queue,
+        args=list(request.args or []),
+        kwargs=dict(request.kwargs or {}),
+        retries=request.retries,
+        deferrals=deferrals(task) + 1,
+        key=key,
+        resource=resource,
+        reason=reason,
+    )
+    parked_in_redis = delay > longest_eta(queue)
+    if parked_in_redis:
+        park(parked, due=now + delay)
+    else:
+        publish(parked, countdown=delay)
+    log.info(
+        "task.deferred",
+        extra={
+            "task": task.name,
+            "task_id": request.id,
+            "attempt": request.retries + 1,
+            "deferrals": parked.deferrals,
+            "delay_seconds": round(delay, 3),
+            "parked": parked_in_redis,
+            "key": key,
+            "resource": resource,
+            "reason": reason,
+        },
+    )
+    raise Deferred(reason)
+
+
+def deferrals(task: Task) -> int:
+    """How many times this task was deferred so far."""
+    from ratelimit.parking import DEFERRALS_HEADER
+
+    return int(task.request.get(DEFERRALS_HEADER) or 0)

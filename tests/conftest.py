@@ -44,3 +44,65 @@ def start_worker(transactional_db, redis_client):
     yield start
     for worker in started:
         worker.stop()
+
+
+APP_ID = "4242"
+INSTALLATION_ID = "77"
+
+
+@pytest.fixture(scope="session")
+def app_key_pair():
+    from tests.fake_github import new_app_key
+
+    return new_app_key()
+
+
+@pytest.fixture
+def fake_github(app_key_pair, settings):
+    """A GitHub-like API on 127.0.0.1, with Plumb's GitHub App settings pointing at it.
+
+    `fake_github.worker_env` holds the same settings for `start_worker`.
+    """
+    from tests.fake_github import FakeGitHub
+
+    private_key, public_key = app_key_pair
+    server = FakeGitHub(
+        app_id=APP_ID,
+        public_key=public_key,
+        installation_id=INSTALLATION_ID,
+        repositories={
+            f"plumb/repo{n}": {"full_name": f"plumb/repo{n}", "archived": n == 1} for n in range(8)
+        },
+    ).start()
+    github = {
+        "GITHUB_API_URL": server.url,
+        "GITHUB_APP_ID": APP_ID,
+        "GITHUB_APP_PRIVATE_KEY": private_key,
+        "GITHUB_INSTALLATION_ID": INSTALLATION_ID,
+    }
+    for name, value in github.items():
+        setattr(settings, name, value)
+    server.worker_env = github
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def beat(redis_client):
+    """Publishes the periodic tasks every `interval` seconds, as `celery beat` would."""
+    import threading
+
+    from config.celery_app import app
+
+    stop = threading.Event()
+
+    def start(*task_names: str, interval: float = 0.5) -> None:
+        def run():
+            while not stop.wait(interval):
+                for name in task_names:
+                    app.send_task(name, queue=settings.AUDIT_QUEUE, expires=interval * 4)
+
+        threading.Thread(target=run, name="test-beat", daemon=True).start()
+
+    yield start
+    stop.set()

@@ -29,3 +29,15 @@ def test_a_worker_for_two_queues_refuses_to_start():
     )  # fmt: skip
     assert result.returncode != 0
     assert "exactly one queue" in result.stdout + result.stderr
+
+
+def test_every_periodic_task_is_registered_and_names_its_queue(settings):
+    from config.celery_app import app
+
+    app.loader.import_default_modules()
+    assert {"ratelimit.wake_parked", "audits.finish_overdue_link_checks"} <= {
+        entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()
+    }
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        assert entry["task"] in app.tasks
+        assert entry["options"]["queue"] in settings.QUEUE_VISIBILITY_TIMEOUTS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audits import services
+from audits import linkcheck, services
 from audits.fetch import TransientFetchError
 from audits.models import Audit
 from audits.targets import normalize_url
@@ -17,11 +17,17 @@ def make_audit(url: str) -> Audit:
     return Audit.objects.create(page=page, task_id="t-1")
 
 
-def test_a_finished_audit_stores_its_result(site):
+def test_a_finished_audit_stores_its_result(site, redis_client):
     audit = make_audit(f"{site.base_url}/redirect")
     services.execute_audit(str(audit.id))
     audit.refresh_from_db()
+    # The page links out: the audit waits for its link check, run here directly.
+    assert audit.status == Audit.Status.CHECKING_LINKS
+    (check,) = audit.link_checks.all()
+    linkcheck.run_link_check(check.id)
+    audit.refresh_from_db()
     assert audit.status == Audit.Status.SUCCEEDED
+    assert audit.result["links"] == [{"url": check.url, "status": "ok", "status_code": 200}]
     assert audit.attempts == 1
     assert audit.started_at and audit.finished_at
     assert audit.result["final_url"] == f"{site.base_url}/"
@@ -48,11 +54,11 @@ def test_a_permanent_error_fails_the_audit_with_the_reason(site, settings):
 
 
 def test_a_finished_audit_is_not_run_again(site):
-    audit = make_audit(f"{site.base_url}/")
+    audit = make_audit(f"{site.base_url}/noindex")
     services.execute_audit(str(audit.id))
-    hits = site.hits["/"]
+    hits = site.hits["/noindex"]
     assert services.execute_audit(str(audit.id)) is None
-    assert site.hits["/"] == hits
+    assert site.hits["/noindex"] == hits
     audit.refresh_from_db()
     assert audit.attempts == 1
 
@@ -60,3 +66,25 @@ def test_a_finished_audit_is_not_run_again(site):
 def test_an_unknown_or_malformed_audit_id_is_skipped():
     assert services.execute_audit("6f1f5b8e-0000-4000-8000-000000000000") is None
     assert services.execute_audit("not-a-uuid") is None
+
+
+def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given_back(
+    site, redis_client
+):
+    import time
+
+    from ratelimit.admission import RateLimited
+    from ratelimit.client import admission_key_for_url
+    from ratelimit.observations import Kind, Observation, record
+
+    now = time.time()
+    key = admission_key_for_url(site.base_url)
+    record(Observation(key, "default", now, Kind.SECONDARY, 429, blocked_until=now + 120))
+    audit = make_audit(f"{site.base_url}/noindex")
+    with pytest.raises(RateLimited) as limited:
+        services.execute_audit(str(audit.id))
+    assert limited.value.retry_at == pytest.approx(now + 120)
+    assert site.hits["/noindex"] == 0
+    services.mark_deferred(str(audit.id), error=f"rate limited: {limited.value}")
+    audit.refresh_from_db()
+    assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)

@@ -10,6 +10,9 @@ from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, TransientFetchError, fetch_page
 from audits.targets import InvalidURL, normalize_url
 
+# Every fetch asks admission about its host; a host never seen is looked up in the database.
+pytestmark = pytest.mark.django_db
+
 
 def fetch(url, **overrides):
     options = {

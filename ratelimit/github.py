@@ -1,0 +1,301 @@
+"""GitHub as a downstream: App JWT, installation tokens, and repository checks.
+
+Three kinds of credentials spend three kinds of bucket, and each call is
+admitted and observed under the bucket it spends:
+
+- the App JWT (minting installation tokens): `github-app:<appId>`;
+- an installation token: `github-installation:<id>`;
+- a personal token (GITHUB_TOKEN): `github-token:<hash>`.
+
+An App-JWT response therefore never clears an installation's exhaustion
+backoff. Installation tokens are cached by installation id (not by the raw
+token) and minted single-flight across workers under a Redis lock; a refresh
+forced by a 401 names the token that was refused and joins a mint already in
+flight instead of starting another.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import quote
+
+import httpx
+import jwt
+from django.conf import settings
+
+from ratelimit.admission import RateLimited
+from ratelimit.client import OutboundClient
+from ratelimit.observations import (
+    github_app_key,
+    github_installation_key,
+    github_token_key,
+    shared_redis,
+)
+from ratelimit.politeness import GITHUB_SERIAL
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "2022-11-28"
+# A cached token this close to expiry is replaced rather than used.
+TOKEN_REFRESH_MARGIN_SECONDS = 300
+MINT_LOCK_TIMEOUT_SECONDS = 30
+REST_RESOURCE = "core"
+GRAPHQL_RESOURCE = "graphql"
+
+REPOSITORY_QUERY = """
+query($owner: String!, $name: String!) {
+  repository(owner: $owner, name: $name) { nameWithOwner url isArchived }
+}
+"""
+
+
+class GitHubError(Exception):
+    """GitHub answered something a retry may fix (a 5xx, a broken body)."""
+
+
+@dataclass(frozen=True)
+class GitHubCredentials:
+    api_url: str
+    app_id: str = ""
+    private_key: str = ""
+    installation_id: str = ""
+    token: str = ""
+
+    @classmethod
+    def from_settings(cls) -> GitHubCredentials | None:
+        """The configured credentials; None without any (GitHub links are plain links then)."""
+        credentials = cls(
+            api_url=settings.GITHUB_API_URL,
+            app_id=settings.GITHUB_APP_ID,
+            private_key=settings.GITHUB_APP_PRIVATE_KEY,
+            installation_id=settings.GITHUB_INSTALLATION_ID,
+            token=settings.GITHUB_TOKEN,
+        )
+        return credentials if credentials.uses_app or credentials.token else None
+
+    @property
+    def uses_app(self) -> bool:
+        return bool(self.app_id and self.private_key and self.installation_id)
+
+    @property
+    def admission_key(self) -> str:
+        """The bucket every call made with these credentials (but the App JWT's) spends."""
+        if self.uses_app:
+            return github_installation_key(self.installation_id)
+        return github_token_key(self.token)
+
+
+def app_jwt(app_id: str, private_key: str, *, now: float | None = None) -> str:
+    """The App's JWT: issued a minute in the past against clock drift, valid nine minutes."""
+    issued = int(time.time() if now is None else now) - 60
+    return jwt.encode(
+        {"iat": issued, "exp": issued + 600, "iss": str(app_id)}, private_key, algorithm="RS256"
+    )
+
+
+def _client(http: httpx.Client | None = None) -> httpx.Client:
+    return http or httpx.Client(
+        timeout=httpx.Timeout(settings.AUDIT_FETCH_TIMEOUT_SECONDS),
+        headers={"User-Agent": settings.AUDIT_USER_AGENT},
+        follow_redirects=False,
+    )
+
+
+class InstallationTokens:
+    """Installation tokens, cached in Redis by installation id and minted once at a time."""
+
+    def __init__(self, credentials: GitHubCredentials, outbound: OutboundClient):
+        self.credentials = credentials
+        self.outbound = outbound
+        self.mints = 0  # by this instance; the tests read the server's count
+
+    @property
+    def cache_key(self) -> str:
+        return f"github:installation-token:{self.credentials.installation_id}"
+
+    @property
+    def lock_key(self) -> str:
+        return f"github:installation-token-mint:{self.credentials.installation_id}"
+
+    def cached(self) -> str | None:
+        raw = shared_redis().get(self.cache_key)
+        if raw is None:
+            return None
+        entry = json.loads(raw)
+        if entry["expires_at"] - TOKEN_REFRESH_MARGIN_SECONDS <= time.time():
+            return None
+        return entry["token"]
+
+    def get(self, *, refused: str | None = None) -> str:
+        """A usable token. `refused` is one GitHub just answered 401 to: never return it.
+
+        Whoever holds the lock mints; everyone else waits for the lock and then
+        finds the fresh token in the cache, so N workers refreshing at once cost
+        one mint. A forced refresh is the same path, so it joins the mint in flight.
+        """
+        token = self.cached()
+        if token is not None and token != refused:
+            return token
+        with shared_redis().lock(
+            self.lock_key,
+            timeout=MINT_LOCK_TIMEOUT_SECONDS,
+            blocking_timeout=MINT_LOCK_TIMEOUT_SECONDS,
+        ):
+            token = self.cached()
+            if token is not None and token != refused:
+                return token
+            return self._mint()
+
+    def _mint(self) -> str:
+        credentials = self.credentials
+        request = self.outbound.http.build_request(
+            "POST",
+            f"{credentials.api_url}/app/installations/{credentials.installation_id}/access_tokens",
+            headers={
+                "Authorization": f"Bearer {app_jwt(credentials.app_id, credentials.private_key)}",
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": API_VERSION,
+            },
+        )
+        # The App JWT spends the App's own bucket, never the installation's.
+        response = self.outbound.send(
+            request, key=github_app_key(credentials.app_id), resource=REST_RESOURCE
+        )
+        if response.status_code != 201:
+            raise GitHubError(f"minting an installation token answered {response.status_code}")
+        body = response.json()
+        expires_at = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+        shared_redis().set(
+            self.cache_key,
+            json.dumps({"token": body["token"], "expires_at": expires_at}),
+            ex=max(1, int(expires_at - time.time())),
+        )
+        self.mints += 1
+        log.info(
+            "github.token_minted",
+            extra={
+                "installation_id": credentials.installation_id,
+                "expires_at": body["expires_at"],
+            },
+        )
+        return body["token"]
+
+
+@dataclass(frozen=True)
+class RepositoryStatus:
+    exists: bool
+    archived: bool | None = None
+    full_name: str = ""
+    url: str = ""
+    via: str = "rest"
+    moved: bool = False
+
+
+class GitHubClient:
+    """Calls the GitHub API with the configured credentials, one bucket per credential."""
+
+    def __init__(self, credentials: GitHubCredentials, *, http: httpx.Client | None = None):
+        self.credentials = credentials
+        # One call at a time per credential: GitHub's advice against secondary limits.
+        self.outbound = OutboundClient(_client(http), politeness=GITHUB_SERIAL)
+        self.tokens = (
+            InstallationTokens(credentials, self.outbound) if credentials.uses_app else None
+        )
+
+    def close(self) -> None:
+        self.outbound.http.close()
+
+    def _token(self, refused: str | None = None) -> str:
+        return self.tokens.get(refused=refused) if self.tokens else self.credentials.token
+
+    def request(
+        self, method: str, path: str, *, resource: str, json_body: dict | None = None
+    ) -> httpx.Response:
+        """One API call admitted against (credentials' key, resource); a 401 refreshes once."""
+        token = self._token()
+        for attempt in range(2):
+            request = self.outbound.http.build_request(
+                method,
+                f"{self.credentials.api_url}{path}",
+                json=json_body,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Accept": "application/vnd.github+json",
+                    "X-GitHub-Api-Version": API_VERSION,
+                },
+            )
+            response = self.outbound.send(
+                request, key=self.credentials.admission_key, resource=resource
+            )
+            if response.status_code == 401 and self.tokens is not None and attempt == 0:
+                token = self._token(refused=token)
+                continue
+            if response.status_code >= 500:
+                raise GitHubError(f"{method} {path} answered {response.status_code}")
+            return response
+        return response
+
+    def repository(self, owner: str, name: str) -> RepositoryStatus:
+        """Does owner/name exist, and is it archived? REST first, GraphQL if core is spent.
+
+        REST `core` and `graphql` are separate buckets: when core must wait,
+        GraphQL may still have room. RateLimited only when both must wait, naming
+        the bucket that opens first.
+        """
+        try:
+            return self.repository_via_rest(owner, name)
+        except RateLimited as core_limited:
+            try:
+                return self.repository_via_graphql(owner, name)
+            except RateLimited as graphql_limited:
+                raise min(core_limited, graphql_limited, key=lambda e: e.retry_at) from None
+
+    def repository_via_rest(self, owner: str, name: str) -> RepositoryStatus:
+        response = self.request(
+            "GET", f"/repos/{quote(owner, safe='')}/{quote(name, safe='')}", resource=REST_RESOURCE
+        )
+        if response.status_code == 404:
+            return RepositoryStatus(exists=False, full_name=f"{owner}/{name}")
+        if response.status_code in {301, 302, 307, 308}:
+            return RepositoryStatus(exists=True, full_name=f"{owner}/{name}", moved=True)
+        if response.status_code != 200:
+            raise GitHubError(f"GET /repos/{owner}/{name} answered {response.status_code}")
+        body = response.json()
+        full_name = body.get("full_name", "")
+        return RepositoryStatus(
+            exists=True,
+            archived=bool(body.get("archived")),
+            full_name=full_name,
+            url=body.get("html_url", ""),
+            moved=full_name.lower() != f"{owner}/{name}".lower(),
+        )
+
+    def repository_via_graphql(self, owner: str, name: str) -> RepositoryStatus:
+        response = self.request(
+            "POST",
+            "/graphql",
+            resource=GRAPHQL_RESOURCE,
+            json_body={"query": REPOSITORY_QUERY, "variables": {"owner": owner, "name": name}},
+        )
+        if response.status_code != 200:
+            raise GitHubError(f"POST /graphql answered {response.status_code}")
+        body = response.json()
+        repository = (body.get("data") or {}).get("repository")
+        if repository is None:
+            types = {e.get("type") for e in body.get("errors") or [] if isinstance(e, dict)}
+            if "NOT_FOUND" in types:
+                return RepositoryStatus(exists=False, full_name=f"{owner}/{name}", via="graphql")
+            raise GitHubError(f"GraphQL answered no repository: {sorted(map(str, types))}")
+        full_name = repository.get("nameWithOwner", "")
+        return RepositoryStatus(
+            exists=True,
+            archived=bool(repository.get("isArchived")),
+            full_name=full_name,
+            url=repository.get("url", ""),
+            via="graphql",
+            moved=full_name.lower() != f"{owner}/{name}".lower(),
+        )
