@@ -11,6 +11,10 @@ from audits.demo_site import DemoSite
 from audits.fetch import PermanentFetchError, fetch_page
 
 
+# Every fetch reads its host's rate-limit observations, which fall back to the database.
+pytestmark = pytest.mark.django_db
+
+
 def fetch(url: str, *, allow_private: bool):
     return fetch_page(
         url, timeout=5, max_bytes=100_000, user_agent="PlumbTest/1", allow_private=allow_private
