@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from audits import backlog
 from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, fetch_page
 from audits.models import Audit, Page
@@ -76,6 +77,8 @@ def claim_audit(audit_id: str) -> Audit | None:
     if not claimed:
         log.info("audit.skipped", extra={"audit_id": audit_id, "reason": "finished or missing"})
         return None
+    # From here until `note_stopped` its held message is running, not owed a slot.
+    backlog.note_started(audit_id)
     return Audit.objects.select_related("page").get(id=audit_id)
 
 
@@ -84,6 +87,16 @@ def execute_audit(audit_id: str) -> Audit | None:
     audit = claim_audit(audit_id)
     if audit is None:
         return None
+    try:
+        _run_attempt(audit)
+    finally:
+        # Before a retry is published too: from then on its new message is what counts.
+        backlog.note_stopped(audit_id)
+    return audit
+
+
+def _run_attempt(audit: Audit) -> None:
+    audit_id = str(audit.id)
     try:
         fetched = fetch_page(
             audit.page.url,
@@ -94,9 +107,8 @@ def execute_audit(audit_id: str) -> Audit | None:
         )
     except PermanentFetchError as exc:
         finish_audit(audit_id, status=Audit.Status.FAILED, error=str(exc))
-        return audit
+        return
     finish_audit(audit_id, status=Audit.Status.SUCCEEDED, result=audit_result(fetched))
-    return audit
 
 
 def finish_audit(
