@@ -198,6 +198,16 @@ REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 
+# --- Admission of submissions (POST /api/audits) ---------------------------------
+# Each client address has a token bucket; the service as a whole refuses new
+# submissions while the backlog owed to the audit workers is at the cap.
+AUDIT_SUBMIT_BURST = env_int("AUDIT_SUBMIT_BURST", 20, minimum=1)
+AUDIT_SUBMIT_RATE_PER_MINUTE = env_float("AUDIT_SUBMIT_RATE_PER_MINUTE", 30.0, minimum=0.01)
+AUDIT_QUEUE_MAX_DEPTH = env_int("AUDIT_QUEUE_MAX_DEPTH", 1000, minimum=1)
+# How many proxies in front of the web processes append to X-Forwarded-For; 0 uses
+# the socket's peer address, so a client cannot pick its own bucket.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
