@@ -77,18 +77,18 @@ def claim_audit(audit_id: str) -> Audit | None:
     if not claimed:
         log.info("audit.skipped", extra={"audit_id": audit_id, "reason": "finished or missing"})
         return None
-    # From here until `note_stopped` its held message is running, not owed a slot.
-    backlog.note_started(audit_id)
     return Audit.objects.select_related("page").get(id=audit_id)
 
 
 def execute_audit(audit_id: str) -> Audit | None:
     """Run one attempt of an audit. Transient fetch errors propagate for the task to retry."""
-    audit = claim_audit(audit_id)
-    if audit is None:
-        return None
+    # From here its held message is a running attempt, not owed a slot; registered
+    # before the claim, so whoever sees the audit `running` sees it registered too.
+    backlog.note_started(audit_id)
     try:
-        _run_attempt(audit)
+        audit = claim_audit(audit_id)
+        if audit is not None:
+            _run_attempt(audit)
     finally:
         # Before a retry is published too: from then on its new message is what counts.
         backlog.note_stopped(audit_id)

@@ -19,7 +19,14 @@ at most one submission in the window, so with H handlers across all web processe
 AUDIT_QUEUE_MAX_DEPTH + H - 1. It's OK to be this inexact: H is small and fixed by
 the deployment, while closing the window would cost a reservation and a second
 round trip on every submission. Pinned by
-tests/test_admission_api.py::test_concurrent_submissions_overshoot_the_cap_by_at_most_the_handlers_minus_one.
+tests/test_admission_live.py::test_concurrent_submissions_overshoot_the_cap_by_at_most_the_handlers_minus_one.
+
+Audits alive but not backlog, so not refused on: the running attempts (at most one
+per worker slot; they are not owed a slot) and, for a moment, a message a worker has
+popped off the list but not yet recorded in `unacked` (at most one per worker). In a
+fail-fast outage, where every attempt goes straight back into backoff, admitted
+audits stay within cap + slots + workers + H - 1: pinned by
+tests/test_admission_live.py::test_a_fail_fast_outage_admits_no_more_than_the_cap_plus_the_bounded_overshoot.
 """
 
 from __future__ import annotations
