@@ -11,9 +11,8 @@
    client, in process: no HTTP server to add noise), with admission on and with the
    admission step removed from the view, alternating request by request.
 3. A fail-fast outage: a real `celery worker` (4 slots, started with the tests'
-   `WorkerProcess`) whose every audit fails at
-   once (a 500 from the demo site), the cap at 20, and 100 submissions paced at 5
-   per second; how many each backlog count admits.
+   `WorkerProcess`) whose every audit fails at once (a 500 from the demo site), the
+   cap at 20, and 100 submissions paced at 5 per second; how many each count admits.
 
 It creates its own database on the DATABASE_URL server (Django's test-database
 machinery, named `bench_admission_...`) and drops it at the end. The check reads

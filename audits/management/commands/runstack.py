@@ -109,6 +109,7 @@ class Command(BaseCommand):
         web = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
         lines = [
             f"API       {web}/api/audits",
+            f"Queue     {web}/api/queue",
             f"Admin     {web}/admin/",
             f"Schema    {web}/api/schema",
             f"Health    {web}/healthz",
