@@ -21,7 +21,7 @@ from config.redis import LuaScript, redis_client
 
 SUBMIT_BUCKET_PREFIX = "ratelimit:submit:"
 
-# Lua functions; the scripts that use them (here and in ratelimit.admission) define `now`.
+# Lua functions; the scripts that use them (here and in ratelimit.submissions) define `now`.
 TOKEN_BUCKET_LUA = """
 local function bucket_tokens(key, now, burst, per_second)
   local state = redis.call('HMGET', key, 'tokens', 'at')

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from audits import backlog
 from audits.backlog import BacklogSnapshot, backlog_snapshot
-from ratelimit import admission
+from ratelimit import submissions as admission
 from ratelimit.buckets import client_ip, submit_bucket_key, take_token
 from reaudit.services import count_scheduled
 
@@ -233,7 +233,7 @@ def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limit
 
 
 def test_a_refusal_is_logged_with_the_backlog_it_saw(limits, redis_client, caplog):
-    caplog.set_level("INFO", logger="ratelimit.admission")
+    caplog.set_level("INFO", logger="ratelimit.submissions")
     redis_client.lpush(AUDITS, "a")
     hold(redis_client, "x")
     hold(redis_client, "y")

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from audits.models import Audit, Page
-from ratelimit.admission import admission_counts
+from ratelimit.submissions import admission_counts
 
 pytestmark = pytest.mark.django_db
 

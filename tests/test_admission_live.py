@@ -12,7 +12,7 @@ import pytest
 from audits import services
 from audits.backlog import backlog_snapshot
 from audits.models import Audit
-from ratelimit.admission import admission_counts
+from ratelimit.submissions import admission_counts
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_a_fail_fast_outage_admits_no_more_than_the_cap_plus_the_bounded_oversho
     max_depth, handlers, worker_slots = 6, 4, 2
     settings.AUDIT_QUEUE_MAX_DEPTH = max_depth
     settings.AUDIT_SUBMIT_BURST = 1000
-    caplog.set_level("INFO", logger="ratelimit.admission")
+    caplog.set_level("INFO", logger="ratelimit.submissions")
     # Every attempt fails at once (500), then waits 1.5-2.5 s, 3-5 s, 6-10 s, 12-20 s:
     # no audit is finished for good while this test submits.
     start_worker("audits", concurrency=worker_slots, env={"RETRY_BACKOFF_BASE_SECONDS": "2"})

@@ -19,7 +19,7 @@ from audits.api.serializers import (
     AuditSubmissionSerializer,
 )
 from audits.models import Audit
-from ratelimit import admission
+from ratelimit import submissions as admission
 from ratelimit.buckets import client_ip
 
 
