@@ -12,6 +12,7 @@
     /missing                404
     /huge?mb=8              an HTML page of `mb` megabytes
     /flaky?key=k&fail=2     500 for the first `fail` requests per key, then 200
+                            (after `delay` seconds, if given)
     /loop                   redirects to itself
     /trickle                a body that never ends, a byte every half second
 """
@@ -160,6 +161,7 @@ class DemoSiteHandler(BaseHTTPRequestHandler):
         if count <= int(query.get("fail", "2")):
             self._send(500, b"temporarily broken", content_type="text/plain")
         else:
+            time.sleep(float(query.get("delay", "0")))
             self._send(
                 200,
                 _page("Recovered", f"<p>Answered after {count - 1} failures.</p>"),

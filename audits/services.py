@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from audits import backlog
 from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, fetch_page
 from audits.linkcheck import start_link_checks
@@ -88,9 +89,21 @@ def execute_audit(audit_id: str) -> Audit | None:
     A page with external links moves on to `checking_links`; the last check (or the
     deadline sweep) finishes the audit.
     """
-    audit = claim_audit(audit_id)
-    if audit is None:
-        return None
+    # From here its held message is a running attempt, not owed a slot; registered
+    # before the claim, so whoever sees the audit `running` sees it registered too.
+    backlog.note_started(audit_id)
+    try:
+        audit = claim_audit(audit_id)
+        if audit is not None:
+            _run_attempt(audit)
+    finally:
+        # Before a retry is published too: from then on its new message is what counts.
+        backlog.note_stopped(audit_id)
+    return audit
+
+
+def _run_attempt(audit: Audit) -> None:
+    audit_id = str(audit.id)
     try:
         fetched = fetch_page(
             audit.page.url,
@@ -101,11 +114,10 @@ def execute_audit(audit_id: str) -> Audit | None:
         )
     except PermanentFetchError as exc:
         finish_audit(audit_id, status=Audit.Status.FAILED, error=str(exc))
-        return audit
+        return
     result = audit_result(fetched)
     if not start_link_checks(audit, result):
         finish_audit(audit_id, status=Audit.Status.SUCCEEDED, result=result)
-    return audit
 
 
 def finish_audit(

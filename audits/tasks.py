@@ -12,6 +12,10 @@ from ratelimit.retry import PlumbTask, defer, deferrals
 # spent) before its waits start counting as attempts, so it fails in the end.
 MAX_AUDIT_DEFERRALS = 10
 
+# Bounded by the fetch timeout; the hard limit only catches a stuck parser.
+AUDIT_SOFT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30
+AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
+
 
 class AuditTask(PlumbTask):
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
@@ -33,9 +37,8 @@ class AuditTask(PlumbTask):
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
     autoretry_for=(TransientFetchError,),
-    # Bounded by the fetch timeout; the hard limit only catches a stuck parser.
-    soft_time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30,
-    time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60,
+    soft_time_limit=AUDIT_SOFT_TIME_LIMIT_SECONDS,
+    time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
     try:

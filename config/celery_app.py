@@ -68,3 +68,21 @@ def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwarg
             f"{sorted(settings.QUEUE_VISIBILITY_TIMEOUTS)}); got {queues!r}"
         )
     conf.broker_transport_options = transport_options_for_queue(known[0])
+
+
+def queue_list_keys(queue: str) -> list[str]:
+    """The Redis lists kombu keeps for `queue`: the queue's own key for priority 0 and
+    queue + '\\x06\\x16' + step for each other priority step (kombu's `_q_for_pri`)."""
+    from django.conf import settings
+    from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    prefix = options.get("global_keyprefix", "")
+    steps = sorted(set(options.get("priority_steps", PRIORITY_STEPS)))
+    return [prefix + (f"{queue}{Channel.sep}{step}" if step else queue) for step in steps]
+
+
+def unacked_key_for_queue(queue: str) -> str:
+    """The hash where `queue`'s workers hold delivered, not yet acked messages."""
+    options = transport_options_for_queue(queue)
+    return options.get("global_keyprefix", "") + options["unacked_key"]

@@ -242,6 +242,15 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": AUDIT_QUEUE, "expires": 10.0},
     },
 }
+# --- Admission of submissions (POST /api/audits) ---------------------------------
+# Each client address has a token bucket; the service as a whole refuses new
+# submissions while the backlog owed to the audit workers is at the cap.
+AUDIT_SUBMIT_BURST = env_int("AUDIT_SUBMIT_BURST", 20, minimum=1)
+AUDIT_SUBMIT_RATE_PER_MINUTE = env_float("AUDIT_SUBMIT_RATE_PER_MINUTE", 30.0, minimum=0.01)
+AUDIT_QUEUE_MAX_DEPTH = env_int("AUDIT_QUEUE_MAX_DEPTH", 1000, minimum=1)
+# How many proxies in front of the web processes append to X-Forwarded-For; 0 uses
+# the socket's peer address, so a client cannot pick its own bucket.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.conf import settings
-from kombu.transport.redis import PRIORITY_STEPS, Channel
-
-from audits.models import Audit
 from observability.metrics import redis_connection
 
 
@@ -38,38 +34,24 @@ class QueueSnapshot:
         }
 
 
-def broker_queue_keys(queue: str) -> list[str]:
-    """The Redis lists kombu keeps for `queue`: the queue itself and one per priority step."""
-    return [queue] + [f"{queue}{Channel.sep}{step}" for step in PRIORITY_STEPS if step]
-
-
 def queue_snapshot() -> QueueSnapshot:
-    """Audits waiting in the broker, in retry backoff, running, and scheduled for later.
+    """The backlog exactly as admission control weighs it, and the scheduled re-audits."""
+    from audits.backlog import backlog_snapshot
+    from reaudit.services import count_scheduled
 
-    `waiting` counts messages in the `audits` lists. An audit in backoff is held by a
-    worker as an unacknowledged ETA message, not in those lists, and its row says
-    `retrying`: the two never count one audit twice. Nothing schedules audits for
-    later yet (the nightly re-audit issue does), so `scheduled` is 0.
-    """
     client = redis_connection()
-    pipe = client.pipeline(transaction=False)
-    for key in broker_queue_keys(settings.AUDIT_QUEUE):
-        pipe.llen(key)
-    waiting = sum(pipe.execute())
-    counts = {Audit.Status.RETRYING: 0, Audit.Status.RUNNING: 0}
-    for status in counts:
-        counts[status] = Audit.objects.filter(status=status).count()
+    backlog = backlog_snapshot(client)
     return QueueSnapshot(
-        waiting=waiting,
-        retrying=counts[Audit.Status.RETRYING],
-        running=counts[Audit.Status.RUNNING],
-        scheduled=0,
+        waiting=backlog.waiting,
+        retrying=backlog.retrying,
+        running=backlog.running,
+        scheduled=count_scheduled(client),
     )
 
 
 def audits_in_backoff() -> bool:
     """Whether any audit is waiting out a retry delay right now."""
-    return Audit.objects.filter(status=Audit.Status.RETRYING).exists()
+    return queue_snapshot().retrying > 0
 
 
 def breaker_states() -> dict[str, int]:

@@ -19,7 +19,7 @@ Who calls what:
         `record_retry` as well. Code that parks a job without `Task.retry` calls
         `record_retry(task, "breaker_parked")` itself.
     record_downstream_request   every HTTP request to a downstream (audits.fetch: "host")
-    record_admission            where a submission is admitted or refused (audits.api.views)
+    record_admission            where a submission is admitted or refused (ratelimit.submissions)
     record_dead_letter, record_breaker_transition
                                 where a job is dead-lettered, where a breaker changes state
     record_samples              observability.sampler, once a minute
@@ -41,11 +41,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
 
 import redis
 from django.conf import settings
 from prometheus_client.utils import floatToGoString
+
+from config.redis import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -252,15 +253,10 @@ def minute_of(now: float | None = None) -> int:
     return int((time.time() if now is None else now) // 60)
 
 
-@cache
-def _client(url: str) -> redis.Redis:
-    # Short timeouts: a metric is never worth holding up an audit or a request.
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-
-
 def redis_connection() -> redis.Redis:
-    """This process's client for REDIS_URL (redis-py reconnects after a fork)."""
-    return _client(settings.REDIS_URL)
+    """This process's client for REDIS_URL: the project's one, which fails fast, since a
+    metric is never worth holding up an audit or a request."""
+    return redis_client()
 
 
 def bucket_label(bound: float) -> str:
@@ -422,15 +418,21 @@ def record_downstream_request(
 
 
 def record_admission(
-    decision: str, *, in_backoff: bool, backlog: int | None = None, now: float | None = None
+    decision: str,
+    *,
+    in_backoff: bool,
+    backlog: int | None = None,
+    now: float | None = None,
+    **seen,
 ) -> None:
     """A submission was admitted or refused. A refusal logs `admission.refused` with the
-    backlog seen, so a refusal in the logs says what it was measured against."""
+    backlog seen (and whatever else the caller saw: `seen`), so a refusal in the logs
+    says what it was measured against."""
     _check("decision", decision, ADMISSION_DECISIONS)
     if decision != "admitted":
         log.info(
             "admission.refused",
-            extra={"decision": decision, "backlog": backlog, "in_backoff": in_backoff},
+            extra={"reason": decision, "backlog": backlog, "in_backoff": in_backoff, **seen},
         )
 
     def write(r: _Recorder) -> None:

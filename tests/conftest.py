@@ -22,11 +22,19 @@ def site():
     server.stop()
 
 
-@pytest.fixture
-def redis_client():
-    """The test Redis database, emptied before each test that uses it."""
+@pytest.fixture(autouse=True)
+def _empty_redis():
+    """Every test starts from an empty test Redis: no bucket, count or queued message
+    of one test leaks into the next."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def redis_client(_empty_redis):
+    """The test Redis database (empty when the test starts)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
     yield client
     client.close()
 

@@ -9,10 +9,11 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from audits.models import Audit, Page
+from audits.backlog import note_started
+from config.celery_app import queue_list_keys
 from observability import metrics
 from observability.collector import exposition
-from observability.gauges import broker_queue_keys, queue_snapshot
+from observability.gauges import queue_snapshot
 from observability.metrics import Field, minute_key, minute_of
 from observability.signals import retry_reason
 
@@ -130,12 +131,11 @@ def test_recordings_from_several_processes_add_up_in_one_scrape(redis_client):
 
 @pytest.mark.django_db
 def test_gauges_are_read_when_scraped(redis_client):
-    page = Page.objects.create(url="https://example.org/", domain="example.org")
-    Audit.objects.create(page=page, status=Audit.Status.RUNNING)
-    Audit.objects.create(page=page, status=Audit.Status.RETRYING)
-    Audit.objects.create(page=page, status=Audit.Status.RETRYING)
+    # Two held messages (retries in backoff, as a worker keeps them) and one running attempt.
+    redis_client.hset("unacked:audits", mapping={"t1": "m", "t2": "m", "t3": "m"})
+    note_started("a-running")
     # kombu keeps one list per priority step: all of them are waiting work.
-    plain, *by_priority = broker_queue_keys("audits")
+    plain, *by_priority = queue_list_keys("audits")
     redis_client.rpush(plain, "m1", "m2")
     redis_client.rpush(by_priority[0], "m3")
 

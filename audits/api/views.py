@@ -2,23 +2,26 @@ from __future__ import annotations
 
 import uuid
 
-from drf_spectacular.utils import extend_schema
-from rest_framework import status
-from rest_framework.exceptions import NotFound
+import redis
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, Throttled
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audits import services
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
+from audits.api.errors import ServiceUnavailable
 from audits.api.serializers import (
     AuditListQuerySerializer,
     AuditSerializer,
     AuditSubmissionSerializer,
 )
 from audits.models import Audit
-from observability.gauges import audits_in_backoff
-from observability.metrics import record_admission
+from ratelimit import submissions as admission
+from ratelimit.buckets import client_ip
 
 
 def _is_uuid(value: str) -> bool:
@@ -35,19 +38,50 @@ class AuditPagination(PageNumberPagination):
     max_page_size = 100
 
 
+def admit(request) -> None:
+    """Raise the refusal for this submission, if it is refused; nothing is written first."""
+    ip = client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
+    try:
+        decision = admission.admit_submission(ip)
+    except admission.AdmissionUnavailable:
+        raise ServiceUnavailable(
+            "Submissions cannot be checked against the queue right now; nothing was "
+            "written. Try again shortly.",
+            code="admission_unavailable",
+            retry_after=5,
+        ) from None
+    if decision.outcome == admission.REFUSED_IP:
+        raise Throttled(wait=decision.retry_after, detail="Too many submissions from this address.")
+    if decision.outcome == admission.REFUSED_BACKLOG:
+        raise ServiceUnavailable(
+            "The audit backlog is full; nothing was written. Try again later.",
+            code="backlog_full",
+            retry_after=decision.retry_after,
+            extra={"backlog": decision.backlog, "max_depth": decision.max_depth},
+        )
+
+
 class AuditCollectionView(APIView):
     def get_permissions(self):
         if self.request.method == "GET":
             return [TokenRequiredWhenConfigured(), TrustedCallerOnly()]
         return super().get_permissions()
 
-    @extend_schema(request=AuditSubmissionSerializer, responses={202: AuditSerializer})
+    @extend_schema(
+        request=AuditSubmissionSerializer,
+        responses={
+            202: AuditSerializer,
+            429: OpenApiResponse(description="This address's bucket is empty; see Retry-After."),
+            503: OpenApiResponse(
+                description="backlog_full (with backlog and max_depth) or admission_unavailable."
+            ),
+        },
+    )
     def post(self, request):
         submission = AuditSubmissionSerializer(data=request.data)
         submission.is_valid(raise_exception=True)
+        admit(request)
         audit = services.submit_audit(submission.validated_data["url"])
-        # Every valid submission is admitted until admission control can refuse one.
-        record_admission("admitted", in_backoff=audits_in_backoff())
         body = AuditSerializer(audit, context={"request": request}).data
         return Response(
             body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["links"]["self"]}
@@ -77,3 +111,22 @@ class AuditDetailView(APIView):
         if audit is None:
             raise NotFound("No audit with that id.")
         return Response(AuditSerializer(audit, context={"request": request}).data)
+
+
+class QueueView(APIView):
+    @extend_schema(
+        responses=inline_serializer(
+            "QueueDepth",
+            {
+                name: serializers.IntegerField()
+                for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
+            },
+        )
+    )
+    def get(self, request):
+        try:
+            return Response(admission.queue_report())
+        except redis.RedisError:
+            raise ServiceUnavailable(
+                "The queue cannot be read right now.", code="queue_unavailable", retry_after=5
+            ) from None

@@ -10,7 +10,6 @@ from audits import targets
 from audits.demo_site import DemoSite
 from audits.fetch import PermanentFetchError, fetch_page
 
-
 # Every fetch reads its host's rate-limit observations, which fall back to the database.
 pytestmark = pytest.mark.django_db
 

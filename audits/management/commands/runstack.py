@@ -138,6 +138,7 @@ class Command(BaseCommand):
             f"API       {web}/api/audits",
             f"Dashboard {web}/dashboard/ (staff login)",
             f"Metrics   {web}/metrics",
+            f"Queue     {web}/api/queue",
             f"Admin     {web}/admin/",
             f"Schema    {web}/api/schema",
             f"Health    {web}/healthz",

@@ -1,0 +1,402 @@
+#!/usr/bin/env python
+"""What admission costs, and what each way of counting the backlog gives, in one run.
+
+    REDIS_URL=redis://127.0.0.1:6379/11 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/plumb \\
+    .venv/bin/python bench/admission.py --flush
+
+1. The cost of one backlog check with 100 and with 100,000 messages held in
+   `unacked:audits` (retries in backoff), for the chosen check and the alternatives.
+2. Requests per second of POST /api/audits through the WSGI app (Django's test
+   client, in process: no HTTP server to add noise), with admission on and with the
+   admission step removed from the view, alternating request by request.
+3. A fail-fast outage: a real `celery worker` (4 slots, started with the tests'
+   `WorkerProcess`) whose every audit fails at once (a 500 from the demo site), the
+   cap at 20, and 100 submissions paced at 5 per second; how many each count admits.
+
+It creates its own database on the DATABASE_URL server (Django's test-database
+machinery, named `bench_admission_...`) and drops it at the end. The check reads
+the broker's own keys, so REDIS_URL must name a Redis database it may empty:
+it refuses a non-empty one unless given --flush.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("DEBUG", "true")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_databases, teardown_databases  # noqa: E402
+
+from audits import backlog as backlog_module  # noqa: E402
+from audits.api import views  # noqa: E402
+from audits.models import Audit, Page  # noqa: E402
+from audits.tasks import run_audit  # noqa: E402
+from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
+from config.redis import LuaScript, redis_client  # noqa: E402
+from ratelimit import admission  # noqa: E402
+
+HELD_COUNTS = (100, 100_000)
+QUEUE = settings.AUDIT_QUEUE
+UNACKED = unacked_key_for_queue(QUEUE)
+QUEUE_KEYS = queue_list_keys(QUEUE)
+IN_BACKOFF_KEY = "bench:audits:in_backoff"
+
+
+# --- the backlog counts compared ------------------------------------------------------
+
+
+def waiting_only(client) -> int:
+    with client.pipeline(transaction=False) as pipe:
+        for key in QUEUE_KEYS:
+            pipe.llen(key)
+        return sum(pipe.execute())
+
+
+_IN_BACKOFF_REGISTRY = LuaScript(
+    backlog_module.REDIS_NOW_LUA
+    + """
+local waiting = 0
+for i = 2, #KEYS do waiting = waiting + redis.call('LLEN', KEYS[i]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', redis_now() - tonumber(ARGV[1]))
+return waiting + redis.call('ZCARD', KEYS[1])
+"""
+)
+
+
+def in_backoff_registry(client) -> int:
+    """A sorted set of audits in backoff (added before a retry, removed at start)."""
+    return _IN_BACKOFF_REGISTRY(client, [IN_BACKOFF_KEY, *QUEUE_KEYS], [300])
+
+
+def retrying_rows(client) -> int:
+    return waiting_only(client) + Audit.objects.filter(status=Audit.Status.RETRYING).count()
+
+
+def unacked_scan(client) -> int:
+    """Every held message read and decoded; keep the audits that carry an ETA."""
+    held = 0
+    for _, raw in client.hscan_iter(UNACKED, count=1000):
+        message, _, _ = json.loads(raw)
+        headers = message.get("headers") or {}
+        if headers.get("task") == run_audit.name and headers.get("eta"):
+            held += 1
+    return waiting_only(client) + held
+
+
+def chosen_snapshot(client) -> int:
+    return backlog_module.backlog_snapshot(client).backlog
+
+
+def chosen_admission(client) -> int:
+    """The whole admission script: bucket, backlog and counting, one round trip."""
+    return admission.admit_submission("10.0.0.1", client=client).backlog
+
+
+CHECKS = {
+    "chosen: admission script (bucket + LLEN x4 + HLEN - running + count)": chosen_admission,
+    "chosen: backlog snapshot alone (GET /api/queue)": chosen_snapshot,
+    "waiting only (LLEN x4)": waiting_only,
+    "registry of audits in backoff (ZSET) + LLEN x4": in_backoff_registry,
+    "Audit rows in `retrying` (SQL COUNT) + LLEN x4": retrying_rows,
+    "scan of unacked:audits (HSCAN + decode) + LLEN x4": unacked_scan,
+}
+
+
+# --- populating held messages ---------------------------------------------------------
+
+
+def a_held_retry_payload(client) -> bytes:
+    """A real retry message as kombu holds it: [message, exchange, routing_key]."""
+    capture = "bench:capture"
+    run_audit.apply_async(
+        args=["6f1f5b8e-0000-4000-8000-000000000000"], queue=capture, countdown=60
+    )
+    message = client.rpop(capture)
+    client.delete(capture)
+    return json.dumps([json.loads(message), "", QUEUE]).encode()
+
+
+def stored(key: str, held: int) -> str:
+    return f"bench:{held}:{key}"
+
+
+def prepare_held_sets(client) -> None:
+    """Both sizes built once, kept under side keys and swapped in with RENAME (O(1))."""
+    payload = a_held_retry_payload(client)
+    now = time.time()
+    for held in HELD_COUNTS:
+        for start in range(0, held, 10_000):
+            with client.pipeline(transaction=False) as pipe:
+                for n in range(start, min(held, start + 10_000)):
+                    pipe.hset(stored(UNACKED, held), f"tag-{n}", payload)
+                    pipe.zadd(stored(IN_BACKOFF_KEY, held), {f"audit-{n}": now + 3600})
+                pipe.execute()
+    page = Page.objects.create(url="https://bench.example/", domain="bench.example")
+    Audit.objects.bulk_create(
+        [Audit(page=page, status=Audit.Status.SUCCEEDED) for _ in range(max(HELD_COUNTS))],
+        batch_size=5000,
+    )
+
+
+def hold_in_redis(client, held: int, *, previous: int | None) -> None:
+    for key in (UNACKED, IN_BACKOFF_KEY):
+        if previous is not None:
+            client.rename(key, stored(key, previous))
+        client.rename(stored(key, held), key)
+    assert client.hlen(UNACKED) == held
+
+
+def hold_in_database(held: int) -> None:
+    Audit.objects.update(status=Audit.Status.SUCCEEDED)
+    retrying = Audit.objects.order_by("id").values("id")[:held]
+    Audit.objects.filter(id__in=retrying).update(status=Audit.Status.RETRYING)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            # Settle the bulk update (dead rows, statistics) before timing a read.
+            cursor.execute(f"VACUUM ANALYZE {Audit._meta.db_table}")
+    assert Audit.objects.filter(status=Audit.Status.RETRYING).count() == held
+
+
+def measure(checks, client, *, switch, rounds: int, calls: int, into: dict) -> None:
+    """Alternate the sizes every `calls` calls, so machine noise hits both sizes alike."""
+    for check in checks.values():
+        check(client)  # warm: script loaded, connection open, query planned
+    for _ in range(rounds):
+        for held in HELD_COUNTS:
+            switch(held)
+            for name, check in checks.items():
+                for _ in range(calls):
+                    started = time.perf_counter()
+                    check(client)
+                    into[name][held].append(time.perf_counter() - started)
+
+
+def bench_check_costs(client) -> dict[str, dict[int, float]]:
+    """Median microseconds per call of each check at each size."""
+    settings.AUDIT_SUBMIT_BURST = 10**9
+    settings.AUDIT_QUEUE_MAX_DEPTH = 10**9
+    prepare_held_sets(client)
+    client.lpush(QUEUE, *[b"waiting"] * 10)
+    samples = {name: {held: [] for held in HELD_COUNTS} for name in CHECKS}
+    current = {"held": None}
+
+    def switch_redis(held: int) -> None:
+        hold_in_redis(client, held, previous=current["held"])
+        current["held"] = held
+
+    slow = {retrying_rows, unacked_scan}
+    fast = {name: check for name, check in CHECKS.items() if check not in slow}
+    measure(fast, client, switch=switch_redis, rounds=40, calls=25, into=samples)
+    scan = {name: check for name, check in CHECKS.items() if check is unacked_scan}
+    measure(scan, client, switch=switch_redis, rounds=3, calls=1, into=samples)
+    rows = {name: check for name, check in CHECKS.items() if check is retrying_rows}
+    measure(rows, client, switch=hold_in_database, rounds=3, calls=20, into=samples)
+    client.flushdb()
+    Audit.objects.all().delete()
+    Page.objects.all().delete()
+    return {
+        name: {held: statistics.median(values) * 1e6 for held, values in by_held.items()}
+        for name, by_held in samples.items()
+    }
+
+
+# --- endpoint throughput --------------------------------------------------------------
+
+
+def bench_throughput(client, *, requests: int = 3000) -> dict:
+    """POST /api/audits with admission on and off, alternating request by request, so
+    load from elsewhere on the machine falls on both alike."""
+    settings.AUDIT_SUBMIT_BURST = 10**9
+    settings.AUDIT_QUEUE_MAX_DEPTH = 10**9
+    http = Client(HTTP_HOST="localhost")
+    admit = views.admit
+    latencies: dict[str, list[float]] = {"on": [], "off": []}
+
+    def post(n: int) -> float:
+        started = time.perf_counter()
+        response = http.post(
+            "/api/audits",
+            data=json.dumps({"url": f"https://bench.example/{n}"}),
+            content_type="application/json",
+        )
+        elapsed = time.perf_counter() - started
+        assert response.status_code == 202, response.content[:300]
+        return elapsed
+
+    try:
+        for n in range(-200, requests):  # the first 200: warm-up, not recorded
+            mode = "on" if n % 2 == 0 else "off"
+            views.admit = admit if mode == "on" else (lambda request: None)
+            elapsed = post(n)
+            if n >= 0:
+                latencies[mode].append(elapsed)
+            if n % 500 == 0:
+                client.delete(*QUEUE_KEYS)
+    finally:
+        views.admit = admit
+    Audit.objects.all().delete()
+    Page.objects.all().delete()
+    client.flushdb()
+    on = len(latencies["on"]) / sum(latencies["on"])
+    off = len(latencies["off"]) / sum(latencies["off"])
+    return {
+        "on": on,
+        "off": off,
+        "cost": 1 - on / off,
+        "median_ms": {mode: statistics.median(values) * 1e3 for mode, values in latencies.items()},
+        "requests": requests,
+    }
+
+
+# --- a fail-fast outage ---------------------------------------------------------------
+
+
+def bench_outage(
+    client, *, max_depth: int = 20, submissions: int = 100, per_second: int = 5
+) -> dict[str, dict]:
+    from audits.demo_site import DemoSite
+    from tests.workers import WorkerProcess
+
+    counts = {
+        "waiting only (LLEN x4)": waiting_only,
+        "Audit rows in `retrying` (SQL COUNT) + LLEN x4": retrying_rows,
+        "scan of unacked:audits (HSCAN + decode) + LLEN x4": unacked_scan,
+        "chosen: LLEN x4 + HLEN - running": None,
+    }
+    settings.AUDIT_SUBMIT_BURST = 10**9
+    settings.AUDIT_QUEUE_MAX_DEPTH = max_depth
+    admit_submission = admission.admit_submission
+    results = {}
+    site = DemoSite().start()
+    try:
+        for name, count in counts.items():
+            if count is not None:
+                admission.admit_submission = _admission_counting_with(count, client, max_depth)
+            worker = WorkerProcess(
+                QUEUE,
+                concurrency=4,
+                # Retries after 3-5 s, 6-10 s, 12-20 s, 24-40 s: no audit is finished
+                # for good within the 20 s of submissions.
+                env={"RETRY_BACKOFF_BASE_SECONDS": "4", "AUDIT_MAX_ATTEMPTS": "5"},
+            ).start()
+            try:
+                results[name] = _outage_run(client, site, max_depth, submissions, per_second)
+            finally:
+                worker.stop()
+                admission.admit_submission = admit_submission
+                client.flushdb()
+                Audit.objects.all().delete()
+                Page.objects.all().delete()
+    finally:
+        site.stop()
+    return results
+
+
+def _admission_counting_with(count, client, max_depth):
+    def admit_submission(ip, *, client_=None):
+        seen = count(client)
+        outcome = admission.ADMITTED if seen < max_depth else admission.REFUSED_BACKLOG
+        return admission.Decision(outcome, ip, seen, 0, 0, max_depth, retry_after=10)
+
+    return admit_submission
+
+
+def _outage_run(client, site, max_depth: int, submissions: int, per_second: int) -> dict:
+    http = Client(HTTP_HOST="localhost")
+    admitted, peak = 0, 0
+    started = time.perf_counter()
+    for n in range(submissions):
+        # Slower than the worker fails them, so its lists stay short: the outage's shape.
+        time.sleep(max(0.0, started + n / per_second - time.perf_counter()))
+        url = f"{site.base_url}/flaky?key=outage-{n}&fail=1000"
+        response = http.post(
+            "/api/audits", data=json.dumps({"url": url}), content_type="application/json"
+        )
+        admitted += response.status_code == 202
+        peak = max(peak, backlog_module.backlog_snapshot(client).backlog)
+    elapsed = time.perf_counter() - started
+    finished = Audit.objects.filter(status__in=Audit.FINISHED).count()
+    return {"admitted": admitted, "peak_backlog": peak, "seconds": elapsed, "finished": finished}
+
+
+# --- the run --------------------------------------------------------------------------
+
+
+def report(costs: dict, throughput: dict, outage: dict) -> str:
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    lines = [f"Load average at the end of the run: {load} ({os.cpu_count()} CPUs)", ""]
+    lines += ["## Cost of one check (median microseconds per call)", ""]
+    lines.append("| check | 100 held | 100,000 held | ratio |")
+    lines.append("| --- | ---: | ---: | ---: |")
+    for name, by_held in costs.items():
+        small, large = by_held[HELD_COUNTS[0]], by_held[HELD_COUNTS[1]]
+        lines.append(f"| {name} | {small:,.0f} | {large:,.0f} | {large / small:.2f}x |")
+    lines += ["", "## POST /api/audits through the WSGI app", ""]
+    median = throughput["median_ms"]
+    lines.append(
+        f"{throughput['requests']} requests alternating on/off: admission on "
+        f"{throughput['on']:.0f} req/s, off {throughput['off']:.0f} req/s; admission costs "
+        f"{throughput['cost'] * 100:.1f} % of throughput (median latency "
+        f"{median['on']:.2f} ms on, {median['off']:.2f} ms off)"
+    )
+    lines += ["", "## Fail-fast outage: cap 20, 100 submissions at 5/s, 4 worker slots", ""]
+    lines.append("| backlog count | admitted | peak backlog | audits finished meanwhile |")
+    lines.append("| --- | ---: | ---: | ---: |")
+    for name, result in outage.items():
+        lines.append(
+            f"| {name} | {result['admitted']} | {result['peak_backlog']} | {result['finished']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flush", action="store_true", help="empty REDIS_URL's database first")
+    parser.add_argument("--skip-outage", action="store_true", help="skip the worker scenario")
+    args = parser.parse_args()
+
+    # Per-request log lines would dominate the output; both modes lose the same cost.
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("django.request").setLevel(logging.CRITICAL)  # the outage's 503s
+    client = redis_client()
+    if client.dbsize() and not args.flush:
+        print(f"{settings.REDIS_URL} is not empty; pass --flush to empty it.", file=sys.stderr)
+        return 2
+    client.flushdb()
+    test_db = settings.DATABASES["default"].setdefault("TEST", {})
+    if connection.vendor == "sqlite":
+        test_db["NAME"] = str(settings.VAR_DIR / "bench-admission.sqlite3")
+    else:
+        test_db["NAME"] = f"bench_admission_{settings.DATABASES['default']['NAME']}"
+    databases = setup_databases(verbosity=0, interactive=False)
+    try:
+        costs = bench_check_costs(client)
+        throughput = bench_throughput(client)
+        outage = {} if args.skip_outage else bench_outage(client)
+    finally:
+        teardown_databases(databases, verbosity=0)
+        client.flushdb()
+    print(report(costs, throughput, outage))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

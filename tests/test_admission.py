@@ -1,0 +1,250 @@
+"""The admission domain functions, called directly against the real test Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from audits import backlog
+from audits.backlog import BacklogSnapshot, backlog_snapshot
+from ratelimit import submissions as admission
+from ratelimit.buckets import client_ip, submit_bucket_key, take_token
+from reaudit.services import count_scheduled
+
+AUDITS = "audits"
+PRIORITY_SUB_QUEUES = ["audits\x06\x163", "audits\x06\x166", "audits\x06\x169"]
+
+
+def hold(redis_client, tag: str) -> None:
+    """A message held by an audits worker, as kombu records it."""
+    redis_client.hset("unacked:audits", tag, '[{}, "", "audits"]')
+
+
+# --- the token bucket ----------------------------------------------------------------
+
+
+def test_a_bucket_allows_its_burst_then_says_when_the_next_token_comes(redis_client):
+    answers = [take_token("b", burst=3, rate_per_minute=6) for _ in range(4)]
+    assert [a.allowed for a in answers] == [True, True, True, False]
+    # 6 per minute: a token every 10 s, and the last one was just taken.
+    assert 9 < answers[-1].wait_seconds <= 10
+    assert answers[-1].retry_after == 10
+
+
+def test_a_bucket_refills_at_its_rate(redis_client):
+    assert take_token("b", burst=1, rate_per_minute=600).allowed
+    assert not take_token("b", burst=1, rate_per_minute=600).allowed
+    time.sleep(0.15)  # 600 per minute: a token every 0.1 s
+    assert take_token("b", burst=1, rate_per_minute=600).allowed
+
+
+def test_retry_after_is_whole_seconds_and_never_zero():
+    from ratelimit.buckets import BucketAnswer
+
+    assert BucketAnswer(allowed=False, wait_seconds=0.01).retry_after == 1
+    assert BucketAnswer(allowed=False, wait_seconds=2.0).retry_after == 2
+    assert BucketAnswer(allowed=False, wait_seconds=2.001).retry_after == 3
+
+
+def test_a_bucket_is_forgotten_once_it_would_be_full_again(redis_client):
+    take_token("b", burst=5, rate_per_minute=60)
+    # One token spent at one per second: full again in a second.
+    assert 0 < redis_client.pttl("b") <= 1000
+
+
+def test_processes_share_a_bucket_and_never_both_spend_its_last_token(redis_client):
+    clients = [redis.Redis.from_url(settings.REDIS_URL) for _ in range(8)]
+    allowed = []
+    start = threading.Barrier(len(clients))
+
+    def spend(client):
+        start.wait()
+        for _ in range(5):
+            allowed.append(take_token("b", burst=10, rate_per_minute=0.01, client=client).allowed)
+
+    threads = [threading.Thread(target=spend, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert allowed.count(True) == 10
+    assert allowed.count(False) == 30
+
+
+# --- whose bucket --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("meta", "trusted", "expected"),
+    [
+        ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "6.6.6.6"}, 0, "10.0.0.1"),
+        ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 1.2.3.4"}, 1, "1.2.3.4"),
+        ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 1.2.3.4"}, 2, "6.6.6.6"),
+        ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "1.2.3.4"}, 2, "10.0.0.1"),
+        ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "nonsense"}, 1, "10.0.0.1"),
+        ({"REMOTE_ADDR": "10.0.0.1"}, 1, "10.0.0.1"),
+    ],
+    ids=[
+        "no-proxy-ignores-the-header",
+        "one-proxy-takes-the-last-hop",
+        "two-proxies-take-the-second-from-the-right",
+        "too-few-hops-falls-back-to-the-peer",
+        "not-an-address-falls-back-to-the-peer",
+        "no-header-falls-back-to-the-peer",
+    ],
+)
+def test_the_client_address_trusts_only_the_configured_proxies(meta, trusted, expected):
+    assert client_ip(meta, trusted_proxy_count=trusted) == expected
+
+
+def test_ipv6_clients_share_a_bucket_per_slash_64():
+    assert submit_bucket_key("2001:db8:1:2::1") == submit_bucket_key("2001:db8:1:2:ffff::9")
+    assert submit_bucket_key("2001:db8:1:2::1") != submit_bucket_key("2001:db8:1:3::1")
+    assert submit_bucket_key("::ffff:1.2.3.4") == submit_bucket_key("1.2.3.4")
+
+
+# --- the backlog ---------------------------------------------------------------------
+
+
+def test_it_counts_waiting_audits_on_every_priority_sub_queue(redis_client):
+    for key in [AUDITS, *PRIORITY_SUB_QUEUES]:
+        redis_client.lpush(key, "message")
+    redis_client.lpush(AUDITS, "another")
+    assert backlog_snapshot() == BacklogSnapshot(waiting=5, retrying=0, running=0)
+
+
+def test_it_counts_held_messages_that_are_not_running_as_retrying(redis_client):
+    for tag in ["a", "b", "c"]:
+        hold(redis_client, tag)
+    backlog.note_started("audit-1")
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=2, running=1)
+    backlog.note_stopped("audit-1")
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=3, running=0)
+
+
+def test_a_running_lease_left_by_a_dead_process_expires(redis_client):
+    hold(redis_client, "a")
+    redis_client.zadd(backlog.RUNNING_KEY, {"dead-audit": time.time() - 1})
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=1, running=0)
+    assert redis_client.zcard(backlog.RUNNING_KEY) == 0
+
+
+def test_a_running_lease_outlives_the_hard_time_limit(redis_client):
+    from audits.tasks import AUDIT_TIME_LIMIT_SECONDS
+
+    backlog.note_started("audit-1")
+    ((_, deadline),) = redis_client.zrange(backlog.RUNNING_KEY, 0, -1, withscores=True)
+    assert deadline - time.time() > AUDIT_TIME_LIMIT_SECONDS
+
+
+def test_a_parked_audit_is_counted_until_it_starts(redis_client):
+    backlog.note_parked("audit-1", due_in_seconds=600)
+    assert backlog_snapshot().retrying == 1
+    backlog.note_started("audit-1")
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=1)
+
+
+def test_a_parked_entry_long_past_due_heals_away(redis_client):
+    grace = settings.AUDITS_VISIBILITY_TIMEOUT_SECONDS
+    backlog.note_parked("lost", due_in_seconds=-(grace + 1))
+    backlog.note_parked("just-due", due_in_seconds=-(grace - 30))
+    assert backlog_snapshot().retrying == 1
+    assert redis_client.zrange(backlog.PARKED_KEY, 0, -1) == [b"just-due"]
+
+
+def test_reaudit_messages_are_not_backlog_but_are_scheduled(redis_client):
+    redis_client.lpush("reaudit", "placement")
+    redis_client.lpush("reaudit\x06\x169", "placement")
+    redis_client.hset("unacked:reaudit", "tag", "placement held until its ETA")
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=0)
+    assert count_scheduled() == 3
+
+
+def test_registry_writes_are_best_effort_when_redis_is_down(settings, caplog):
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    backlog.note_started("audit-1")
+    backlog.note_stopped("audit-1")
+    assert [r.getMessage() for r in caplog.records].count("backlog.note_failed") == 2
+
+
+# --- the decision --------------------------------------------------------------------
+
+
+@pytest.fixture
+def limits(settings):
+    settings.AUDIT_SUBMIT_BURST = 2
+    settings.AUDIT_SUBMIT_RATE_PER_MINUTE = 1
+    settings.AUDIT_QUEUE_MAX_DEPTH = 3
+    return settings
+
+
+def test_it_admits_until_the_bucket_is_empty(limits, redis_client):
+    outcomes = [admission.admit_submission("1.2.3.4").outcome for _ in range(3)]
+    assert outcomes == ["admitted", "admitted", "refused_ip"]
+    # Another address has its own bucket.
+    assert admission.admit_submission("5.6.7.8").admitted
+
+
+def test_it_refuses_at_the_cap_and_takes_no_token_for_it(limits, redis_client):
+    redis_client.lpush(AUDITS, "a", "b")
+    hold(redis_client, "in-backoff")
+    refusals = [admission.admit_submission("1.2.3.4") for _ in range(5)]
+    assert {d.outcome for d in refusals} == {"refused_backlog"}
+    assert refusals[0].backlog == 3 and refusals[0].max_depth == 3
+    assert 5 <= refusals[0].retry_after <= 15
+
+    redis_client.delete(AUDITS)
+    # Five refusals later the bucket is still full.
+    assert [admission.admit_submission("1.2.3.4").outcome for _ in range(3)] == [
+        "admitted",
+        "admitted",
+        "refused_ip",
+    ]
+
+
+def test_an_empty_bucket_is_refused_before_the_backlog_is_considered(limits, redis_client):
+    admission.admit_submission("1.2.3.4")
+    admission.admit_submission("1.2.3.4")
+    redis_client.lpush(AUDITS, "a", "b", "c")
+    decision = admission.admit_submission("1.2.3.4")
+    assert decision.outcome == "refused_ip"
+    assert 1 <= decision.retry_after <= 60
+
+
+def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limits, redis_client):
+    admission.admit_submission("1.2.3.4")
+    hold(redis_client, "in-backoff")
+    admission.admit_submission("1.2.3.4")
+    admission.admit_submission("1.2.3.4")  # bucket empty
+    redis_client.lpush(AUDITS, "a", "b")
+    admission.admit_submission("5.6.7.8")  # backlog 3
+    assert admission.admission_counts() == {
+        "admitted": 2,
+        "admitted_in_backoff": 1,
+        "refused_ip": 1,
+        "refused_ip_in_backoff": 1,
+        "refused_backlog": 1,
+        "refused_backlog_in_backoff": 1,
+    }
+
+
+def test_a_refusal_is_logged_with_the_backlog_it_saw(limits, redis_client, caplog):
+    caplog.set_level("INFO", logger="observability.metrics")
+    redis_client.lpush(AUDITS, "a")
+    hold(redis_client, "x")
+    hold(redis_client, "y")
+    admission.admit_submission("1.2.3.4")
+    (record,) = [r for r in caplog.records if r.getMessage() == "admission.refused"]
+    assert record.reason == "refused_backlog"
+    assert (record.backlog, record.waiting, record.retrying, record.max_depth) == (3, 1, 2, 3)
+    assert record.client_ip == "1.2.3.4"
+
+
+def test_it_raises_admission_unavailable_when_redis_is_down(limits):
+    limits.REDIS_URL = "redis://127.0.0.1:9/0"
+    with pytest.raises(admission.AdmissionUnavailable):
+        admission.admit_submission("1.2.3.4")

@@ -1,0 +1,137 @@
+"""Admission on POST /api/audits, and GET /api/queue, against the real test Redis."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+from audits.models import Audit, Page
+from ratelimit.submissions import admission_counts
+
+pytestmark = pytest.mark.django_db
+
+QUEUE_FIELDS = {"backlog", "waiting", "retrying", "running", "scheduled", "max_depth"}
+
+
+@pytest.fixture
+def api():
+    return APIClient()
+
+
+def post(api, url: str = "https://example.org/", **extra):
+    return api.post(
+        "/api/audits", data=json.dumps({"url": url}), content_type="application/json", **extra
+    )
+
+
+def submit_and_enqueue(api, django_capture_on_commit_callbacks, url: str):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post(api, url)
+    assert response.status_code == 202, response.content
+    return response
+
+
+def test_an_empty_bucket_answers_429_with_retry_after_and_writes_nothing(api, settings):
+    settings.AUDIT_SUBMIT_BURST = 2
+    settings.AUDIT_SUBMIT_RATE_PER_MINUTE = 2
+    assert [post(api, f"https://example.org/{n}").status_code for n in range(2)] == [202, 202]
+
+    response = post(api, "https://example.org/refused")
+    assert response.status_code == 429
+    assert response.json()["error"] == "throttled"
+    # 2 per minute: the next token is 30 s away.
+    assert 29 <= int(response["Retry-After"]) <= 30
+    assert Audit.objects.count() == 2
+    assert not Page.objects.filter(url="https://example.org/refused").exists()
+
+
+def test_a_full_backlog_answers_503_with_retry_after_and_writes_nothing(
+    api, settings, django_capture_on_commit_callbacks
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 2
+    submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/1")
+    submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/2")
+
+    response = post(api, "https://example.org/refused")
+    assert response.status_code == 503
+    body = response.json()
+    assert (body["error"], body["backlog"], body["max_depth"]) == ("backlog_full", 2, 2)
+    assert 5 <= int(response["Retry-After"]) <= 15
+    assert Audit.objects.count() == 2
+    assert not Page.objects.filter(url="https://example.org/refused").exists()
+
+
+def test_an_invalid_submission_is_not_counted_as_a_decision(api):
+    response = api.post("/api/audits", data="{}", content_type="application/json")
+    assert response.status_code == 400
+    assert sum(admission_counts().values()) == 0
+
+
+def test_with_no_trusted_proxy_x_forwarded_for_does_not_pick_the_bucket(api, settings):
+    settings.AUDIT_SUBMIT_BURST = 1
+    assert post(api, HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
+    assert post(api, HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 429
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(api, settings):
+    settings.AUDIT_SUBMIT_BURST = 1
+    settings.TRUSTED_PROXY_COUNT = 1
+    assert post(api, HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
+    assert post(api, HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 202
+    # A client's own X-Forwarded-For entry left of the proxy's does not help it.
+    assert post(api, HTTP_X_FORWARDED_FOR="9.9.9.9, 1.1.1.1").status_code == 429
+
+
+def test_when_redis_is_down_a_submission_answers_503_and_writes_nothing(api, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    response = post(api)
+    assert response.status_code == 503
+    body = response.json()
+    assert body["error"] == "admission_unavailable"
+    assert "nothing was written" in body["message"]
+    assert response["Retry-After"]
+    assert not Audit.objects.exists() and not Page.objects.exists()
+
+
+def test_the_queue_endpoint_reports_the_backlog(
+    api, settings, redis_client, django_capture_on_commit_callbacks
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 50
+    submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/1")
+    redis_client.hset("unacked:audits", "tag", "a retry held until its ETA")
+    redis_client.lpush("reaudit", "a placement")
+
+    response = api.get("/api/queue")
+    assert response.status_code == 200
+    assert response.json() == {
+        "backlog": 2,
+        "waiting": 1,
+        "retrying": 1,
+        "running": 0,
+        "scheduled": 1,
+        "max_depth": 50,
+    }
+
+
+def test_queue_depth_prints_what_the_endpoint_reports(api, redis_client):
+    redis_client.lpush("audits", "waiting")
+    out = StringIO()
+    call_command("queue_depth", stdout=out)
+    printed = json.loads(out.getvalue())
+    assert set(printed) == QUEUE_FIELDS
+    assert printed == api.get("/api/queue").json()
+
+    out = StringIO()
+    call_command("queue_depth", "--admission", stdout=out)
+    assert json.loads(out.getvalue())["admission"]["refused_backlog"] == 0
+
+
+def test_the_queue_endpoint_answers_503_when_redis_is_down(api, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    response = api.get("/api/queue")
+    assert response.status_code == 503
+    assert response.json()["error"] == "queue_unavailable"

@@ -1,0 +1,110 @@
+"""What the backlog counts, against real Redis and real `celery worker` processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+
+from audits import services
+from audits.backlog import BacklogSnapshot, backlog_snapshot
+from audits.models import Audit
+from audits.targets import normalize_url
+from audits.tasks import run_audit
+from reaudit.services import count_scheduled
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def submit(url: str) -> Audit:
+    # transactional_db (through start_worker): the enqueue runs at once.
+    return services.submit_audit(normalize_url(url))
+
+
+def status_of(audit: Audit) -> str:
+    return Audit.objects.get(id=audit.id).status
+
+
+def snapshot_becomes(expected: BacklogSnapshot, *, timeout: float = 20) -> None:
+    seen = []
+
+    def matches():
+        seen.append(backlog_snapshot())
+        return seen[-1] == expected
+
+    try:
+        wait_for(matches, timeout=timeout, interval=0.05, message=f"backlog {expected}")
+    except AssertionError:
+        raise AssertionError(f"last snapshots: {seen[-5:]}") from None
+
+
+def test_it_counts_an_audit_in_retry_backoff(site, start_worker, redis_client):
+    # The first retry waits 7.5-12.5 s: long enough to look at it inside its backoff.
+    start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "10"})
+    audit = submit(f"{site.base_url}/flaky?key=backoff&fail=100")
+
+    wait_for(lambda: status_of(audit) == "retrying", timeout=20, message="the first failure")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=0))
+    # The worker holds the retry's ETA message: the queue's list does not see it.
+    assert redis_client.llen(settings.AUDIT_QUEUE) == 0
+    assert backlog_snapshot().backlog == 1
+
+
+def test_a_running_audit_is_not_counted_and_a_waiting_one_is(site, start_worker):
+    start_worker("audits", concurrency=1)
+    running = submit(f"{site.base_url}/slow?delay=4")
+    wait_for(lambda: status_of(running) == "running", timeout=20, message="the audit to start")
+    submit(f"{site.base_url}/slow?delay=0")
+
+    snapshot_becomes(BacklogSnapshot(waiting=1, retrying=0, running=1))
+    assert backlog_snapshot().backlog == 1
+
+
+def test_a_due_retry_moves_from_retrying_to_running_without_being_counted_twice(site, start_worker):
+    start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "2"})
+    audit = submit(f"{site.base_url}/flaky?key=due&fail=1&delay=3")
+
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=0))
+    # The retry comes due (1.5-2.5 s), is picked up and runs for 3 s: counted as
+    # running, and no longer as backlog.
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=1))
+    wait_for(lambda: status_of(audit) == "succeeded", timeout=20, message="the retry to succeed")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=0))
+    assert Audit.objects.get(id=audit.id).attempts == 2
+
+
+def test_work_scheduled_hours_ahead_on_the_reaudit_queue_is_not_counted(start_worker, redis_client):
+    start_worker("reaudit")
+    three_hours = 3 * 3600
+    run_audit.apply_async(
+        args=["6f1f5b8e-0000-4000-8000-000000000000"],
+        queue=settings.REAUDIT_QUEUE,
+        countdown=three_hours,
+    )
+    # The reaudit worker takes it off its list and holds it until its ETA.
+    wait_for(
+        lambda: redis_client.hlen("unacked:reaudit") == 1,
+        timeout=20,
+        message="the reaudit worker to hold the placement",
+    )
+    assert count_scheduled() == 1
+    time.sleep(0.5)
+    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=0)
+
+
+def test_a_retry_queued_behind_waiting_work_is_counted_once(site, start_worker):
+    # One slot, busy: the failed audit's retry is published behind the waiting
+    # audits and stays on the list, past its due time, until the slot frees. It is
+    # owed one slot and counted once, as waiting (a registry of audits in backoff
+    # would count it a second time here).
+    start_worker("audits", concurrency=1, env={"RETRY_BACKOFF_BASE_SECONDS": "0.2"})
+    first = submit(f"{site.base_url}/slow?delay=2")
+    wait_for(lambda: status_of(first) == "running", timeout=20, message="the first audit")
+    failing = submit(f"{site.base_url}/flaky?key=behind&fail=1")
+    behind = [submit(f"{site.base_url}/slow?delay=3&n={n}") for n in range(2)]
+
+    wait_for(lambda: status_of(behind[0]) == "running", timeout=20, message="the next audit")
+    assert status_of(failing) == "retrying"
+    snapshot_becomes(BacklogSnapshot(waiting=2, retrying=0, running=1))
