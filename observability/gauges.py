@@ -49,11 +49,6 @@ def queue_snapshot() -> QueueSnapshot:
     )
 
 
-def audits_in_backoff() -> bool:
-    """Whether any audit is waiting out a retry delay right now."""
-    return queue_snapshot().retrying > 0
-
-
 def breaker_states() -> dict[str, int]:
     """How many circuit breakers are in each state (BREAKER_STATES). No breakers exist yet."""
     return {}
