@@ -50,6 +50,8 @@ class Audit(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set when the reconciler published a stuck `queued` audit again (audits.reconcile).
+    requeued_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     link_checks_deadline = models.DateTimeField(

@@ -10,6 +10,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from audits import backlog
 from audits.analysis import audit_result
@@ -48,11 +50,27 @@ def submit_audit(target: NormalizedURL) -> Audit:
     return audit
 
 
-def enqueue_audit(audit: Audit) -> None:
+def enqueue_audit(audit: Audit) -> bool:
+    """Publish the audit's message; False (logged) if the broker cannot take it now.
+
+    Runs after the row is committed, so a failure here must not fail the request that
+    created it: the audit is accepted, and the reconciler (audits.reconcile) publishes
+    it again once the broker is back.
+    """
     from audits.tasks import run_audit
 
-    run_audit.apply_async(args=[str(audit.id)], task_id=audit.task_id, queue=settings.AUDIT_QUEUE)
+    try:
+        run_audit.apply_async(
+            args=[str(audit.id)], task_id=audit.task_id, queue=settings.AUDIT_QUEUE
+        )
+    except (OperationalError, RedisError, OSError) as exc:
+        log.error(
+            "audit.enqueue_failed",
+            extra={"audit_id": str(audit.id), "error": f"{exc.__class__.__name__}: {exc}"},
+        )
+        return False
     log.info("audit.enqueued", extra={"audit_id": str(audit.id), "trigger": audit.trigger})
+    return True
 
 
 def claim_audit(audit_id: str) -> Audit | None:

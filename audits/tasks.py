@@ -85,3 +85,10 @@ def check_link(self, link_check_id: int) -> None:
 @shared_task(name="audits.finish_overdue_link_checks", queue=settings.AUDIT_QUEUE)
 def finish_overdue_link_checks() -> None:
     linkcheck.finish_overdue_link_checks()
+
+
+@shared_task(name="audits.requeue_stuck_audits", queue=settings.AUDIT_QUEUE, ignore_result=True)
+def requeue_stuck_audits() -> int:
+    from audits.reconcile import requeue_stuck_audits as requeue
+
+    return requeue()

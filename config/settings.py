@@ -200,6 +200,8 @@ AUDIT_MAX_ATTEMPTS = env_int("AUDIT_MAX_ATTEMPTS", 5, minimum=1)
 AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
+# An audit `queued` this long has lost its message (see audits.reconcile); publish it again.
+AUDIT_REQUEUE_AFTER_SECONDS = env_int("AUDIT_REQUEUE_AFTER_SECONDS", 600, minimum=10)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 
@@ -235,6 +237,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ratelimit.wake_parked",
         "schedule": 5.0,
         "options": {"queue": AUDIT_QUEUE, "expires": 5.0},
+    },
+    "requeue-stuck-audits": {
+        "task": "audits.requeue_stuck_audits",
+        "schedule": 60.0,
+        "options": {"queue": AUDIT_QUEUE, "expires": 60.0},
     },
     "finish-overdue-link-checks": {
         "task": "audits.finish_overdue_link_checks",

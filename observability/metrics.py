@@ -122,6 +122,11 @@ ADMISSION_DECISIONS_METRIC = Metric(
     "Submissions admitted or refused; in_backoff=true when audits were waiting to retry.",
     ("decision", "in_backoff"),
 )
+AUDITS_REQUEUED = Metric(
+    "plumb_audits_requeued",
+    "counter",
+    "Audits found queued with no message for too long and published again by the reconciler.",
+)
 BREAKER_TRANSITIONS = Metric(
     "plumb_breaker_transitions",
     "counter",
@@ -184,6 +189,7 @@ COUNTERS = (
     DOWNSTREAM_REQUESTS,
     ADMISSION_DECISIONS_METRIC,
     BREAKER_TRANSITIONS,
+    AUDITS_REQUEUED,
 )
 GAUGES = (
     QUEUE_BACKLOG,
@@ -390,6 +396,12 @@ def record_dead_letter(
         r.bump(Field.DEAD_LETTERS)
 
     _record("dead_letter", write, now)
+
+
+def record_requeued(count: int, *, now: float | None = None) -> None:
+    """The reconciler published `count` stuck audits again."""
+    if count:
+        _record("requeued", lambda r: r.count(AUDITS_REQUEUED, amount=count), now)
 
 
 def record_audit_duration(seconds: float, *, outcome: str, now: float | None = None) -> None:
