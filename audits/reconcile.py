@@ -4,7 +4,9 @@ The row is written before the message is published (on commit), so a web process
 that dies in between, a publish that fails because Redis is down, or a Redis that
 restarts without persistence leaves an audit `queued` with no message anywhere.
 "Queued" means "about to run", so one queued for longer than
-AUDIT_REQUEUE_AFTER_SECONDS is published again with its own task id. If its message
+AUDIT_REQUEUE_AFTER_SECONDS is published again with its own task id. So is one
+still `running` that long after its attempt started: longer than any attempt's hard
+time limit, so its worker died and its message went with a Redis that restarted. If its message
 was only slow, not lost, the second delivery finds it finished or claims it once:
 the claim in `claim_audit` makes the duplicate harmless.
 """
@@ -35,7 +37,10 @@ def requeue_stuck_audits(*, older_than_seconds: float | None = None) -> int:
         threshold = settings.AUDIT_REQUEUE_AFTER_SECONDS
     cutoff = timezone.now() - timedelta(seconds=threshold)
     stuck = (
-        Audit.objects.filter(status=Audit.Status.QUEUED, created_at__lt=cutoff)
+        Audit.objects.filter(
+            Q(status=Audit.Status.QUEUED, created_at__lt=cutoff)
+            | Q(status=Audit.Status.RUNNING, started_at__lt=cutoff)
+        )
         .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
         .order_by("created_at")[:BATCH]
     )

@@ -53,3 +53,17 @@ def test_recent_and_recently_requeued_audits_are_left_alone(redis_client):
     assert requeue_stuck_audits(older_than_seconds=60) == 0
     assert redis_client.llen("audits") == 1
     assert Audit.objects.get(id=stuck.id).requeued_at is not None
+
+
+@pytest.mark.django_db
+def test_an_attempt_running_far_past_its_time_limit_is_requeued(redis_client):
+    audit = accepted_without_a_message("https://example.org/orphan", age_seconds=900)
+    Audit.objects.filter(id=audit.id).update(
+        status=Audit.Status.RUNNING, started_at=timezone.now() - timedelta(seconds=800)
+    )
+    live = accepted_without_a_message("https://example.org/live", age_seconds=900)
+    Audit.objects.filter(id=live.id).update(status=Audit.Status.RUNNING, started_at=timezone.now())
+
+    assert requeue_stuck_audits(older_than_seconds=600) == 1
+    assert Audit.objects.get(id=audit.id).requeued_at is not None
+    assert Audit.objects.get(id=live.id).requeued_at is None

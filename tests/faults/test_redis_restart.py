@@ -1,0 +1,98 @@
+"""Redis stops and starts again, empty, under a running web process and worker.
+
+Submissions during the outage get a clear 503 and write nothing; what was accepted
+before is finished: audits that were running complete, and audits whose messages
+died with Redis are published again by the reconciler.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from audits.models import Audit
+from config import devservices
+from tests.workers import ROOT, database_url_for_workers, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+class WebProcess:
+    def __init__(self, env: dict):
+        self.port = devservices.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
+             f"127.0.0.1:{self.port}", "--workers", "1", "--no-control-socket"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_for(self._answers, timeout=30, message="gunicorn to answer")
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/api/schema", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def submit(self, url: str) -> httpx.Response:
+        return httpx.post(f"{self.url}/api/audits", json={"url": url}, timeout=10)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=15)
+
+
+def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transactional_db):
+    port = devservices.free_port()
+    data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-restart-"))
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    env = {**os.environ, "DEBUG": "true", "REDIS_URL": redis_url, "DATABASE_URL": database_url_for_workers(),
+           "AUDIT_ALLOW_PRIVATE_TARGETS": "true"}  # fmt: skip
+    redis = devservices.start_redis(port, data_dir)
+    web = WebProcess(env)
+    try:
+        start_worker("audits", env={"REDIS_URL": redis_url})
+        running = web.submit(f"{site.base_url}/slow?delay=3").json()
+        wait_for(lambda: site.hits["/slow"] == 1, timeout=20, message="the first audit's fetch")
+        # Queued behind it (one process, prefetch 1): these messages live only in Redis.
+        queued = [web.submit(f"{site.base_url}/noindex?n={n}").json() for n in range(2)]
+
+        redis.terminate()
+        redis.wait(timeout=10)
+        refused = web.submit(f"{site.base_url}/noindex?during=outage")
+        assert refused.status_code == 503
+        assert refused.json()["error"] == "admission_unavailable"
+        assert "Retry-After" in refused.headers
+        assert Audit.objects.count() == 3  # the refused submission wrote nothing
+
+        redis = devservices.start_redis(port, data_dir)  # back, and empty
+        wait_for(lambda: Audit.objects.get(id=running["id"]).status == "succeeded", timeout=30,
+                 message="the running audit to finish")  # fmt: skip
+        assert {Audit.objects.get(id=a["id"]).status for a in queued} == {"queued"}
+
+        # What the periodic reconciler does (every minute under beat).
+        requeue = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c",
+             "from audits.reconcile import requeue_stuck_audits; print(requeue_stuck_audits(older_than_seconds=0))"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert requeue.stdout.strip().splitlines()[-1] == "2", requeue.stderr
+        for audit in queued:
+            wait_for(lambda a=audit: Audit.objects.get(id=a["id"]).status == "succeeded", timeout=30,
+                     message="a requeued audit to finish")  # fmt: skip
+
+        after = web.submit(f"{site.base_url}/noindex?after=restart")
+        assert after.status_code == 202
+        wait_for(lambda: Audit.objects.get(id=after.json()["id"]).status == "succeeded", timeout=30,
+                 message="a submission after the restart")  # fmt: skip
+        assert all(a.attempts >= 1 for a in Audit.objects.all())
+    finally:
+        web.stop()
+        redis.terminate()
+        redis.wait(timeout=10)
