@@ -51,6 +51,10 @@ class Audit(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Where the finished audit is POSTed (webhooks app), signed with the secret.
+    # The secret is write-only: never in API responses, admin pages or logs.
+    callback_url = models.CharField(max_length=2048, blank=True)
+    callback_secret = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
