@@ -63,9 +63,11 @@ class AuditAdmin(admin.ModelAdmin):
         "finished_at",
         "link_checks_deadline",
         "error",
+        "callback_url",
         "result_pretty",
     ]
-    exclude = ["result"]
+    # The callback secret is write-only: never shown, not even to staff.
+    exclude = ["result", "callback_secret"]
 
     @admin.display(description="URL", ordering="page__url")
     def page_url(self, audit: Audit) -> str:

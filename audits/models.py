@@ -57,6 +57,10 @@ class Audit(models.Model):
     link_checks_deadline = models.DateTimeField(
         null=True, blank=True, help_text="The audit finishes by then, reporting unfinished checks."
     )
+    # Where the finished audit is POSTed (webhooks app), signed with the secret.
+    # The secret is write-only: never in API responses, admin pages or logs.
+    callback_url = models.CharField(max_length=2048, blank=True)
+    callback_secret = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

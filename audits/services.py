@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -19,6 +20,7 @@ from audits.fetch import PermanentFetchError, fetch_page
 from audits.linkcheck import start_link_checks
 from audits.models import Audit, Page
 from audits.targets import NormalizedURL
+from webhooks.deliver import schedule_delivery
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +38,24 @@ def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = 
     return page
 
 
-def submit_audit(target: NormalizedURL) -> Audit:
+def submit_audit(
+    target: NormalizedURL, *, callback_url: str = "", callback_secret: str = ""
+) -> Audit:
     """Create the page (if new) and a queued audit, and enqueue it once committed.
 
     The row is written first and the message published on commit, so a worker
     never receives an id it cannot see yet; a row whose publish failed stays
-    `queued` with its task id, for the reconciler to re-enqueue.
+    `queued` with its task id, for the reconciler to re-enqueue. With a
+    callback URL the finished audit is POSTed there (webhooks app).
     """
     with transaction.atomic():
         page = get_or_create_page(target)
-        audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
+        audit = Audit.objects.create(
+            page=page,
+            task_id=str(uuid.uuid4()),
+            callback_url=callback_url,
+            callback_secret=callback_secret,
+        )
         transaction.on_commit(lambda: enqueue_audit(audit))
     return audit
 
@@ -149,6 +159,8 @@ def finish_audit(
     )
     if updated:
         log.info("audit.finished", extra={"audit_id": audit_id, "status": status, "error": error})
+        # Only a committed finish is delivered to the audit's callback URL, if it has one.
+        transaction.on_commit(partial(schedule_delivery, audit_id))
     return bool(updated)
 
 

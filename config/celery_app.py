@@ -68,6 +68,8 @@ def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwarg
             f"{sorted(settings.QUEUE_VISIBILITY_TIMEOUTS)}); got {queues!r}"
         )
     conf.broker_transport_options = transport_options_for_queue(known[0])
+    if known[0] == settings.WEBHOOK_QUEUE:
+        configure_webhooks_worker(conf, options or {})
 
 
 def queue_list_keys(queue: str) -> list[str]:
@@ -86,3 +88,26 @@ def unacked_key_for_queue(queue: str) -> str:
     """The hash where `queue`'s workers hold delivered, not yet acked messages."""
     options = transport_options_for_queue(queue)
     return options.get("global_keyprefix", "") + options["unacked_key"]
+
+
+# What WEBHOOK_MAX_CONCURRENCY=0 ("no cap") means for a thread pool: more
+# threads than a burst has messages in flight, so the broker, not the pool, limits.
+UNCAPPED_WEBHOOK_THREADS = 1000
+
+
+def configure_webhooks_worker(conf, options: dict) -> None:
+    """A webhooks worker runs WEBHOOK_MAX_CONCURRENCY deliveries at once, no more.
+
+    With acks late and prefetch 1 a worker takes a message only when one of
+    its threads is free, so this is also how many deliveries it holds.
+    """
+    from django.conf import settings
+
+    cap = settings.WEBHOOK_MAX_CONCURRENCY or UNCAPPED_WEBHOOK_THREADS
+    given = options.get("concurrency")
+    if given not in (None, "", cap, str(cap)):
+        raise SystemExit(
+            f"The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY ({cap}); "
+            f"drop --concurrency {given} or change the setting."
+        )
+    conf.worker_concurrency = cap

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "reaudit",
     "ratelimit",
     "observability",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -90,13 +91,26 @@ TEMPLATES = [
 
 # --- Database -----------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'plumb.sqlite3'}")
+# A connection pool (PostgreSQL only) bounds the connections one process opens,
+# however many threads it runs: a webhooks worker's threads share it, and a
+# thread waits at most DB_POOL_TIMEOUT_SECONDS for a connection (PoolTimeout).
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 0, minimum=0)
+DB_POOL_TIMEOUT_SECONDS = env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
-        conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0),
-        conn_health_checks=True,
+        # A pooled connection goes back to the pool at the end of each request
+        # or task: Django requires conn_max_age 0 with the pool.
+        conn_max_age=0 if DB_POOL_MAX_SIZE else env_int("DB_CONN_MAX_AGE", 60, minimum=0),
+        conn_health_checks=not DB_POOL_MAX_SIZE,
     )
 }
+if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": DB_POOL_TIMEOUT_SECONDS,
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES["default"]["OPTIONS"] = {
@@ -161,9 +175,14 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 AUDIT_QUEUE = "audits"
 REAUDIT_QUEUE = "reaudit"
+WEBHOOK_QUEUE = "webhooks"
 
 AUDITS_VISIBILITY_TIMEOUT_SECONDS = env_int("AUDITS_VISIBILITY_TIMEOUT_SECONDS", 300, minimum=5)
 REAUDIT_VISIBILITY_TIMEOUT_SECONDS = env_int("REAUDIT_VISIBILITY_TIMEOUT_SECONDS", 1800, minimum=5)
+# A webhooks worker holds a message only while it runs it (retries wait in
+# Redis, not in the worker: see webhooks/schedule.py), so this only has to
+# exceed one attempt: the request timeout plus the database's.
+WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS = env_int("WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS", 120, minimum=5)
 
 # Each queue's workers keep their own unacked keys and visibility timeout
 # (config.celery_app applies them when a worker starts), so a worker with a
@@ -171,6 +190,7 @@ REAUDIT_VISIBILITY_TIMEOUT_SECONDS = env_int("REAUDIT_VISIBILITY_TIMEOUT_SECONDS
 QUEUE_VISIBILITY_TIMEOUTS = {
     AUDIT_QUEUE: AUDITS_VISIBILITY_TIMEOUT_SECONDS,
     REAUDIT_QUEUE: REAUDIT_VISIBILITY_TIMEOUT_SECONDS,
+    WEBHOOK_QUEUE: WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS,
 }
 
 CELERY_BROKER_URL = REDIS_URL
@@ -261,6 +281,17 @@ AUDIT_QUEUE_MAX_DEPTH = env_int("AUDIT_QUEUE_MAX_DEPTH", 1000, minimum=1)
 # How many proxies in front of the web processes append to X-Forwarded-For; 0 uses
 # the socket's peer address, so a client cannot pick its own bucket.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+# --- Result webhooks -----------------------------------------------------------
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0, minimum=0.01)
+WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01)
+# Off only for the benchmark's naive baseline (exact doubling, to show the waves).
+WEBHOOK_BACKOFF_JITTER = env_bool("WEBHOOK_BACKOFF_JITTER", True)
+# Deliveries one webhooks worker process runs at once (its thread pool); 0: no cap.
+WEBHOOK_MAX_CONCURRENCY = env_int("WEBHOOK_MAX_CONCURRENCY", 16, minimum=0)
+# Deliveries in flight to one destination host across all workers; 0: no limit.
+WEBHOOK_PER_HOST_CONCURRENCY = env_int("WEBHOOK_PER_HOST_CONCURRENCY", 32, minimum=0)
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
@@ -295,4 +326,5 @@ FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
 AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 4, minimum=1)
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 1, minimum=1)
+# (The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY.)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)

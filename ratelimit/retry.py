@@ -25,11 +25,22 @@ JITTER_LOW, JITTER_HIGH = 0.75, 1.25
 
 
 def backoff_delay(
-    attempt: int, *, base: float, cap: float, rng: random.Random | None = None
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    jitter: bool = True,
+    rng: random.Random | None = None,
 ) -> float:
-    """Delay before retry number `attempt` (1 for the first retry)."""
+    """Delay before retry number `attempt` (1 for the first retry).
+
+    `jitter=False` (exact doubling) exists only so a benchmark can show the
+    waves it causes; every Plumb task keeps the jitter.
+    """
     rng = rng or random
     exponential = min(cap, base * (2 ** max(0, attempt - 1)))
+    if not jitter:
+        return exponential
     return exponential * rng.uniform(JITTER_LOW, JITTER_HIGH)
 
 
@@ -40,14 +51,21 @@ def retry_after_delay(retry_after: float, *, rng: random.Random | None = None) -
 
 
 def retry_delay(
-    attempt: int, *, retry_after: float | None = None, rng: random.Random | None = None
+    attempt: int,
+    *,
+    retry_after: float | None = None,
+    base: float | None = None,
+    cap: float | None = None,
+    jitter: bool = True,
+    rng: random.Random | None = None,
 ) -> float:
     if retry_after is not None:
         return retry_after_delay(retry_after, rng=rng)
     return backoff_delay(
         attempt,
-        base=settings.RETRY_BACKOFF_BASE_SECONDS,
-        cap=settings.RETRY_BACKOFF_MAX_SECONDS,
+        base=settings.RETRY_BACKOFF_BASE_SECONDS if base is None else base,
+        cap=settings.RETRY_BACKOFF_MAX_SECONDS if cap is None else cap,
+        jitter=jitter,
         rng=rng,
     )
 
@@ -56,17 +74,40 @@ class PlumbTask(Task):
     """Base task: `autoretry_for` errors are retried with `retry_delay`.
 
     Subclasses set `max_attempts_setting` (the name of the setting holding the
-    total number of attempts) and may override `before_retry` / `after_final_failure`
-    to record the state a user sees.
+    total number of attempts), may name their own backoff base and cap settings
+    (`backoff_base_setting`, `backoff_max_setting`; a downstream with its own
+    pace, such as webhook receivers, needs a slower schedule than page fetches),
+    and may override `before_retry` / `after_final_failure` to record the state
+    a user sees.
     """
 
     abstract = True
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+    backoff_base_setting = "RETRY_BACKOFF_BASE_SECONDS"
+    backoff_max_setting = "RETRY_BACKOFF_MAX_SECONDS"
+    # Names a boolean setting that can turn the jitter off (benchmarks only).
+    backoff_jitter_setting: str | None = None
     # Celery's own backoff is off: the delay is decided in `retry` below.
     retry_backoff = False
 
     def max_attempts(self) -> int:
         return getattr(settings, self.max_attempts_setting)
+
+    def retry_delay(
+        self, attempt: int, *, retry_after: float | None = None, rng: random.Random | None = None
+    ) -> float:
+        """The shared policy with this task's base and cap."""
+        jitter = True
+        if self.backoff_jitter_setting:
+            jitter = getattr(settings, self.backoff_jitter_setting)
+        return retry_delay(
+            attempt,
+            retry_after=retry_after,
+            base=getattr(settings, self.backoff_base_setting),
+            cap=getattr(settings, self.backoff_max_setting),
+            jitter=jitter,
+            rng=rng,
+        )
 
     def retry(
         self,
@@ -83,7 +124,7 @@ class PlumbTask(Task):
             max_retries = self.max_attempts() - 1
         attempt = self.request.retries + 1
         if countdown is None and eta is None:
-            countdown = retry_delay(attempt, retry_after=getattr(exc, "retry_after", None))
+            countdown = self.retry_delay(attempt, retry_after=getattr(exc, "retry_after", None))
         if self.request.retries < max_retries:
             log.info(
                 "task.retry",

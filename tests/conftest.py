@@ -44,8 +44,10 @@ def start_worker(transactional_db, redis_client):
     """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
     started: list[WorkerProcess] = []
 
-    def start(queue: str, *, concurrency: int = 1, env: dict | None = None) -> WorkerProcess:
-        worker = WorkerProcess(queue, concurrency=concurrency, env=env).start()
+    def start(
+        queue: str, *, concurrency: int | None = 1, pool: str | None = None, env: dict | None = None
+    ) -> WorkerProcess:
+        worker = WorkerProcess(queue, concurrency=concurrency, pool=pool, env=env).start()
         started.append(worker)
         return worker
 

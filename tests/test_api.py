@@ -40,7 +40,7 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
     assert response["Location"] == body["links"]["self"]
     assert set(body) == {
         "id", "url", "status", "trigger", "attempts", "created_at", "started_at",
-        "finished_at", "result", "error", "links",
+        "finished_at", "result", "error", "callback_url", "links",
     }  # fmt: skip
     assert len(callbacks) == 1  # the enqueue waits for the commit
     assert Page.objects.get().reaudit_nightly is True

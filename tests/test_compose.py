@@ -21,6 +21,7 @@ EXPECTED_SERVICES = {
     "web",
     "worker-audits",
     "worker-reaudit",
+    "worker-webhooks",
     "beat",
     "flower",
 }
@@ -68,7 +69,7 @@ def test_every_command_names_a_real_module(compose):
 
 
 def test_each_worker_consumes_exactly_one_queue(compose, settings):
-    for name in ("worker-audits", "worker-reaudit"):
+    for name in ("worker-audits", "worker-reaudit", "worker-webhooks"):
         args = shlex.split(command_line(compose["services"][name]))
         queue = args[args.index("-Q") + 1]
         assert queue in settings.QUEUE_VISIBILITY_TIMEOUTS

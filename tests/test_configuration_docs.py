@@ -6,7 +6,16 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ["config", "audits", "reaudit", "ratelimit", "observability", "bin", "bench"]
+SOURCE_DIRS = [
+    "config",
+    "audits",
+    "reaudit",
+    "ratelimit",
+    "observability",
+    "webhooks",
+    "bin",
+    "bench",
+]
 READS = [
     re.compile(r'env_(?:str|bool|int|float|list)\(\s*"([A-Z][A-Z0-9_]+)"'),
     re.compile(r'(?:environ|env)\.(?:get|setdefault)\(\s*"([A-Z][A-Z0-9_]+)"'),

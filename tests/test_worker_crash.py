@@ -38,6 +38,8 @@ def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
     assert redis_client.hlen("unacked:audits") == 1
     assert redis_client.hlen("unacked") == 0
 
+    # `running` is recorded ~0.1 s before the request leaves: kill mid-fetch, not before it.
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=15, message="the fetch to start")
     doomed.kill()  # main process and pool child at once, as if the host died
     assert status_of(audit) == "running"
 

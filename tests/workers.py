@@ -33,7 +33,14 @@ def database_url_for_workers() -> str:
 
 
 class WorkerProcess:
-    def __init__(self, queue: str, *, concurrency: int = 1, env: dict | None = None):
+    def __init__(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = 1,
+        pool: str | None = None,
+        env: dict | None = None,
+    ):
         self.queue = queue
         self.name = f"test-{queue}-{uuid.uuid4().hex[:8]}"
         self.env = {
@@ -46,6 +53,7 @@ class WorkerProcess:
             **(env or {}),
         }
         self.concurrency = concurrency
+        self.pool = pool
         self.lines: list[str] = []
         self._ready = threading.Event()
         self.process: subprocess.Popen | None = None
@@ -53,9 +61,14 @@ class WorkerProcess:
     def start(self, timeout: float = 30.0) -> WorkerProcess:
         command = [
             sys.executable, "-m", "celery", "-A", "config", "worker",
-            "-Q", self.queue, "-n", f"{self.name}@%h", "--concurrency", str(self.concurrency),
+            "-Q", self.queue, "-n", f"{self.name}@%h",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
+        # None: the worker decides (the webhooks worker sizes itself from its settings).
+        if self.concurrency is not None:
+            command += ["--concurrency", str(self.concurrency)]
+        if self.pool is not None:
+            command += ["--pool", self.pool]
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,

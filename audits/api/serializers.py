@@ -25,11 +25,48 @@ class AuditSubmissionSerializer(StrictSerializer):
         help_text="An http or https URL to audit.",
     )
 
+    callback_url = serializers.CharField(
+        max_length=4096,
+        trim_whitespace=True,
+        required=False,
+        help_text="An http or https URL the finished audit is POSTed to (Standard Webhooks).",
+    )
+    callback_secret = serializers.CharField(
+        required=False,
+        write_only=True,
+        trim_whitespace=True,
+        help_text="The signing secret, `whsec_` + base64 of 16 to 64 random bytes. "
+        "Required with callback_url; never shown again.",
+    )
+
     def validate_url(self, value: str) -> NormalizedURL:
         try:
             return normalize_url(value)
         except InvalidURL as exc:
             raise serializers.ValidationError(str(exc)) from None
+
+    def validate_callback_url(self, value: str) -> str:
+        try:
+            return normalize_url(value).url
+        except InvalidURL as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate_callback_secret(self, value: str) -> str:
+        from webhooks.deliver import validate_secret
+
+        try:
+            return validate_secret(value)
+        except ValueError as exc:
+            # The message never repeats the value: it is a secret.
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, data):
+        if ("callback_url" in data) != ("callback_secret" in data):
+            missing = "callback_secret" if "callback_url" in data else "callback_url"
+            raise serializers.ValidationError(
+                {missing: ["callback_url and callback_secret go together."]}
+            )
+        return data
 
 
 class AuditLinksSerializer(serializers.Serializer):
@@ -53,6 +90,7 @@ class AuditSerializer(serializers.ModelSerializer):
             "finished_at",
             "result",
             "error",
+            "callback_url",
             "links",
         ]
         read_only_fields = fields

@@ -81,7 +81,12 @@ class AuditCollectionView(APIView):
         submission = AuditSubmissionSerializer(data=request.data)
         submission.is_valid(raise_exception=True)
         admit(request)
-        audit = services.submit_audit(submission.validated_data["url"])
+        data = submission.validated_data
+        audit = services.submit_audit(
+            data["url"],
+            callback_url=data.get("callback_url", ""),
+            callback_secret=data.get("callback_secret", ""),
+        )
         body = AuditSerializer(audit, context={"request": request}).data
         return Response(
             body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["links"]["self"]}

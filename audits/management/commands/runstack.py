@@ -116,6 +116,12 @@ class Command(BaseCommand):
                 f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
                 f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
             ),
+            # Threads: a delivery waits on the network. Its concurrency is
+            # WEBHOOK_MAX_CONCURRENCY, applied by the worker itself (config.celery_app).
+            "worker-webhooks": (
+                f"{celery} worker -Q {settings.WEBHOOK_QUEUE} -n webhooks@%h --pool threads"
+                " --loglevel INFO"
+            ),
             "beat": f"{celery} beat --loglevel INFO",
             "flower": f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}",
         }

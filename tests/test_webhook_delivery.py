@@ -1,0 +1,118 @@
+"""Finished audits reach their callback URL, signed, through real workers and real HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from audits import services
+from audits.targets import normalize_url
+from tests.webhook_helpers import (
+    FAST_RETRIES,
+    SECRET,
+    delivery,
+    schedule,
+    start_webhooks_worker,
+)
+from tests.workers import wait_for
+from webhooks.deliver import signed_headers
+from webhooks.models import Delivery
+from webhooks.receiver import Receiver
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def receiver():
+    servers = []
+
+    def start(respond=lambda at, number: 200, **options) -> Receiver:
+        server = Receiver(respond, **options).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(
+    site, receiver, start_worker
+):
+    hook = receiver()
+    start_worker("audits")
+    start_webhooks_worker(start_worker)
+    audit = services.submit_audit(
+        normalize_url(f"{site.base_url}/"), callback_url=hook.url, callback_secret=SECRET
+    )
+    wait_for(lambda: hook.count(200) == 1, timeout=30, message="the delivery")
+
+    (request,) = hook.requests
+    payload = Webhook(SECRET).verify(request.body, request.headers)
+    assert payload["type"] == "audit.finished"
+    assert payload["data"]["id"] == str(audit.id)
+    assert payload["data"]["status"] == "succeeded"
+    assert "callback_secret" not in json.dumps(payload) and SECRET not in json.dumps(payload)
+
+    tampered = request.body.replace(b"succeeded", b"failed")
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(tampered, request.headers)
+    # Signed correctly, but ten minutes ago: a replayed request.
+    stale = signed_headers(
+        secret=SECRET,
+        webhook_id=request.webhook_id,
+        body=request.body.decode(),
+        at=datetime.now(UTC) - timedelta(minutes=10),
+    )
+    with pytest.raises(WebhookVerificationError, match="too old"):
+        Webhook(SECRET).verify(request.body, stale)
+
+    row = Delivery.objects.get(audit_id=audit.id)
+    assert row.status == "delivered" and row.attempts == 1 and row.last_status_code == 200
+    assert request.webhook_id == row.webhook_id
+
+
+def test_a_failing_receiver_gets_retries_with_the_same_webhook_id(receiver, start_worker):
+    hook = receiver(lambda at, number: 503 if number < 2 else 200)
+    start_webhooks_worker(start_worker, **FAST_RETRIES)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the delivery")
+    assert [r.status for r in hook.requests] == [503, 503, 200]
+    assert {r.webhook_id for r in hook.requests} == {row.webhook_id}
+    assert delivery(row).attempts == 3
+
+
+def test_retries_stop_at_the_attempt_limit(receiver, start_worker):
+    hook = receiver(lambda at, number: 503)
+    start_webhooks_worker(start_worker, WEBHOOK_MAX_ATTEMPTS=3, **FAST_RETRIES)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
+    time.sleep(1.5)  # several backoff periods: no fourth attempt comes
+    assert hook.count() == 3
+    failed = delivery(row)
+    assert failed.attempts == 3 and failed.last_status_code == 503
+    assert "gave up after 3 attempt(s)" in failed.last_error
+
+
+def test_a_4xx_fails_the_delivery_at_once(receiver, start_worker):
+    hook = receiver(lambda at, number: 410)
+    start_webhooks_worker(start_worker, **FAST_RETRIES)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
+    time.sleep(1.0)
+    assert hook.count() == 1
+    assert delivery(row).attempts == 1 and delivery(row).last_status_code == 410
+
+
+def test_a_receivers_retry_after_is_obeyed(receiver, start_worker):
+    hook = receiver(lambda at, number: (429, {"Retry-After": "3"}) if number == 0 else 200)
+    start_webhooks_worker(start_worker, **FAST_RETRIES)  # backoff alone would retry in 0.1 s
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the delivery")
+    first, second = hook.requests
+    assert second.at - first.at >= 3.0
+    assert delivery(row).attempts == 2

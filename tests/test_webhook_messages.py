@@ -1,0 +1,55 @@
+"""A delivery message that cannot be parsed is given up on its first receive, never retried."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from kombu import Connection, Exchange, Producer
+
+from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
+from tests.workers import wait_for
+from webhooks import schedule as delayed
+from webhooks.receiver import Receiver
+from webhooks.tasks import deliver_webhook
+
+pytestmark = pytest.mark.slow
+
+
+def publish_undecodable_body(redis_url: str) -> None:
+    """A well-formed broker envelope whose body is not JSON at all."""
+    with Connection(redis_url) as connection:
+        Producer(connection).publish(
+            b"{not json",
+            exchange=Exchange("webhooks", type="direct"),
+            routing_key="webhooks",
+            serializer=None,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"task": "webhooks.deliver", "id": str(uuid.uuid4()), "retries": 0},
+            declare=[],
+        )
+
+
+def test_malformed_messages_are_not_retried(start_worker, redis_client, settings):
+    hook = Receiver().start()
+    try:
+        worker = start_webhooks_worker(start_worker, **FAST_RETRIES)
+        deliver_webhook.apply_async(args=["not-a-delivery-id"])
+        deliver_webhook.apply_async(args=[])
+        deliver_webhook.apply_async(args=[str(uuid.uuid4())], kwargs={"surprise": 1})
+        publish_undecodable_body(settings.REDIS_URL)
+        # A good delivery behind them: once it is through, the bad ones were received.
+        row = schedule(hook.url)
+        wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the delivery")
+        time.sleep(1.5)  # many backoff periods: a retry would have come by now
+    finally:
+        hook.stop()
+    log = worker.output()
+    assert log.count("webhook.malformed_message") == 3, log
+    assert log.count("Can't decode message body") == 1, log  # Celery acks it: not requeued
+    assert "task.retry" not in log
+    assert redis_client.llen("webhooks") == 0
+    assert redis_client.hlen("unacked:webhooks") == 0
+    assert delayed.waiting() == 0

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class Delivery(models.Model):
+    """One finished audit POSTed to its callback URL, over as many attempts as it takes."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERING = "delivering"
+        RETRYING = "retrying"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    FINISHED = (Status.DELIVERED, Status.FAILED)
+
+    # Also the Standard Webhooks `webhook-id`: the same on every attempt, so a
+    # receiver can drop a repeat.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    audit = models.OneToOneField("audits.Audit", on_delete=models.CASCADE, related_name="delivery")
+    url = models.CharField(max_length=2048)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    task_id = models.CharField(max_length=255, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "deliveries"
+        indexes = [models.Index(fields=["status", "-created_at"], name="delivery_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.status})"
+
+    @property
+    def webhook_id(self) -> str:
+        return f"msg_{self.id.hex}"
