@@ -47,9 +47,9 @@ def test_concurrent_submissions_overshoot_the_cap_by_at_most_the_handlers_minus_
     # the worst case is likely: every handler checks before any has enqueued.
     submit_audit = services.submit_audit
 
-    def slow_submit(target):
+    def slow_submit(target, **options):
         time.sleep(0.3)
-        return submit_audit(target)
+        return submit_audit(target, **options)
 
     monkeypatch.setattr(services, "submit_audit", slow_submit)
     urls = [[f"https://example.org/{c}/{n}" for n in range(10)] for c in range(handlers)]
