@@ -7,7 +7,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -41,9 +41,33 @@ def submit_audit(target: NormalizedURL) -> Audit:
     """
     with transaction.atomic():
         page = get_or_create_page(target)
-        audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
-        transaction.on_commit(lambda: enqueue_audit(audit))
+        audit, _ = create_and_enqueue_audit(page, trigger=Audit.Trigger.SUBMITTED)
     return audit
+
+
+def create_and_enqueue_audit(
+    page: Page, *, trigger: str, idempotency_key: str | None = None
+) -> tuple[Audit, bool]:
+    """Create a queued audit of `page` and enqueue it on commit; (audit, created).
+
+    With an `idempotency_key` a second call creates nothing and enqueues nothing:
+    the unique constraint turns the second insert into a lookup of the first
+    audit, even when two callers race.
+    """
+    try:
+        with transaction.atomic():
+            audit = Audit.objects.create(
+                page=page,
+                trigger=trigger,
+                idempotency_key=idempotency_key,
+                task_id=str(uuid.uuid4()),
+            )
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        return Audit.objects.get(idempotency_key=idempotency_key), False
+    transaction.on_commit(lambda: enqueue_audit(audit))
+    return audit, True
 
 
 def enqueue_audit(audit: Audit) -> None:

@@ -1,0 +1,310 @@
+"""The nightly re-audit as plain functions: fan-out, slices, placements, and what is scheduled.
+
+The fan-out writes one `Placement` row per page (its offset in the night) and starts
+slice 0. Each slice publishes the placements due in the next REAUDIT_SLICE_SECONDS
+with ETAs at most one slice ahead, then schedules the next slice, so no broker message
+ever waits hours: a worker holds at most about one slice of placements
+(DECISIONS.md, "Re-audit"). A placement, when it fires, creates the audit and
+enqueues it on `audits` with no delay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from itertools import islice
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audits.models import Audit, Page
+from audits.services import create_and_enqueue_audit
+from reaudit.models import FanOut, Placement, SliceRun
+from reaudit.offsets import domain_offset, page_offset, slice_count, slice_of
+
+log = logging.getLogger(__name__)
+
+# Rows read and written per round trip: keeps the fan-out's memory flat in the number of pages.
+BATCH_SIZE = 2000
+
+
+def placement_key(page_id: int, day: date) -> str:
+    """A placement's task id, and the idempotency key of the audit it creates."""
+    return f"reaudit-{page_id}-{day.isoformat()}"
+
+
+@dataclass(frozen=True)
+class FanOutResult:
+    fan_out: FanOut
+    created: bool
+    resumed_slice: int | None = None
+
+
+def fan_out(
+    day: date | None = None,
+    *,
+    window_seconds: int | None = None,
+    slice_seconds: int | None = None,
+    spacing_seconds: float | None = None,
+) -> FanOutResult:
+    """Place every page marked for re-audit into `day`'s night, once.
+
+    A second fan-out of the same day places nothing: it finds the night's record
+    and only makes sure its slice chain is moving (`resume`). Older nights still
+    in progress are superseded: they publish no further slice, since tonight
+    places their pages again.
+    """
+    day = day or timezone.now().date()
+    existing = FanOut.objects.filter(day=day).first()
+    if existing is not None:
+        return FanOutResult(existing, created=False, resumed_slice=resume(existing))
+
+    window = window_seconds or settings.REAUDIT_WINDOW_SECONDS
+    slice_length = slice_seconds or settings.REAUDIT_SLICE_SECONDS
+    spacing = (
+        settings.REAUDIT_DOMAIN_SPACING_SECONDS if spacing_seconds is None else spacing_seconds
+    )
+    prune_placements(before=day - timedelta(days=1))
+
+    # One transaction: a fan-out that dies half-way leaves no record, and the
+    # next run (a retry, a second beat, the command) starts it afresh.
+    with transaction.atomic():
+        night, created = FanOut.objects.get_or_create(
+            day=day,
+            defaults={
+                "window_start": timezone.now(),
+                "window_seconds": window,
+                "slice_seconds": slice_length,
+                "spacing_seconds": spacing,
+            },
+        )
+        if not created:  # a concurrent fan-out of the same day committed first
+            return FanOutResult(night, created=False)
+        superseded = FanOut.objects.filter(
+            day__lt=day, finished_at=None, superseded_at=None
+        ).update(superseded_at=timezone.now())
+
+        sizes = [0] * slice_count(window, slice_length)
+        for batch in _batched(_placements(night), BATCH_SIZE):
+            Placement.objects.bulk_create(batch)
+            for placement in batch:
+                sizes[placement.slice_index] += 1
+        night.pages = sum(sizes)
+        night.slice_sizes = sizes
+        # The window opens once every placement is written, so slice 0 is not late.
+        night.window_start = timezone.now()
+        night.save(update_fields=["pages", "slice_sizes", "window_start"])
+        planned = night.window_start
+        transaction.on_commit(lambda: schedule_slice(day, 0, planned_at=planned))
+
+    log.info(
+        "reaudit.fanned_out",
+        extra={
+            "day": day.isoformat(),
+            "pages": night.pages,
+            "window_seconds": window,
+            "slices": len(sizes),
+            "busiest_slice": max(sizes),
+            "superseded": superseded,
+        },
+    )
+    return FanOutResult(night, created=True)
+
+
+def _placements(night: FanOut) -> Iterator[Placement]:
+    """The night's placements, streamed from the pages in (domain, id) order."""
+    pages = (
+        Page.objects.filter(reaudit_nightly=True)
+        .order_by("domain", "id")
+        .values_list("id", "domain")
+        .iterator(chunk_size=BATCH_SIZE)
+    )
+    slices = slice_count(night.window_seconds, night.slice_seconds)
+    domain, first, rank = None, 0.0, 0
+    for page_id, page_domain in pages:
+        if page_domain != domain:
+            domain, rank = page_domain, 0
+            first = domain_offset(domain, night.day, night.window_seconds)
+        offset = page_offset(
+            first, rank, spacing_seconds=night.spacing_seconds, window_seconds=night.window_seconds
+        )
+        rank += 1
+        yield Placement(
+            fan_out=night,
+            page_id=page_id,
+            offset_seconds=offset,
+            slice_index=slice_of(offset, night.slice_seconds, slices),
+        )
+
+
+def _batched(items: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(items)
+    while batch := list(islice(iterator, size)):
+        yield batch
+
+
+def schedule_slice(day: date, index: int, *, planned_at: datetime) -> None:
+    """Publish slice `index` of `day` to start at `planned_at` (at most one slice ahead)."""
+    from reaudit.tasks import publish_slice
+
+    publish_slice.apply_async(
+        args=[day.isoformat(), index, planned_at.isoformat()],
+        eta=planned_at,
+        task_id=f"reaudit-slice-{day.isoformat()}-{index}",
+        queue=settings.REAUDIT_QUEUE,
+    )
+
+
+def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | None:
+    """Publish slice `index`'s placements once, then schedule the next slice once.
+
+    Runs under a lock on the slice's row, so a duplicate delivery (a redelivery,
+    a resume) waits and then finds the work done. A slice that starts late (its
+    worker was down) starts from now and the rest of the night shifts with it:
+    the missed placements come late, spread as planned, not as one burst.
+    Publishing happens inside the transaction, before the row says so: a crash in
+    between republishes (harmless: placements are idempotent) rather than losing.
+    """
+    night = FanOut.objects.filter(day=day).first()
+    if night is None or index >= night.slice_count:
+        log.warning("reaudit.slice_unknown", extra={"day": day.isoformat(), "slice": index})
+        return None
+    if night.superseded_at is not None:
+        log.info("reaudit.slice_superseded", extra={"day": day.isoformat(), "slice": index})
+        return None
+
+    with transaction.atomic():
+        run, _ = SliceRun.objects.select_for_update().get_or_create(
+            fan_out=night,
+            index=index,
+            defaults={"planned_at": planned_at, "starts_at": max(planned_at, timezone.now())},
+        )
+        if run.published_at is None:
+            run.placements = _publish_placements(night, run)
+            run.published_at = timezone.now()
+            run.save(update_fields=["placements", "published_at"])
+            log.info(
+                "reaudit.slice_published",
+                extra={
+                    "day": day.isoformat(),
+                    "slice": index,
+                    "placements": run.placements,
+                    "late_seconds": round(run.late_seconds, 3),
+                },
+            )
+        if run.next_scheduled_at is None:
+            if index + 1 < night.slice_count:
+                next_start = run.starts_at + timedelta(seconds=night.slice_seconds)
+                schedule_slice(day, index + 1, planned_at=next_start)
+            else:
+                FanOut.objects.filter(id=night.id, finished_at=None).update(
+                    finished_at=timezone.now()
+                )
+            run.next_scheduled_at = timezone.now()
+            run.save(update_fields=["next_scheduled_at"])
+    return run
+
+
+def _publish_placements(night: FanOut, run: SliceRun) -> int:
+    """Publish the slice's unfired placements over one producer; each due at its offset."""
+    from reaudit.tasks import place
+
+    # Where offset 0 falls for this slice: the window start, shifted by any lateness.
+    origin = run.starts_at - timedelta(seconds=run.index * night.slice_seconds)
+    day = night.day.isoformat()
+    placements = (
+        Placement.objects.filter(fan_out=night, slice_index=run.index, fired_at=None)
+        .values_list("page_id", "offset_seconds")
+        .iterator(chunk_size=BATCH_SIZE)
+    )
+    published = 0
+    with place.app.producer_or_acquire() as producer:
+        for page_id, offset in placements:
+            place.apply_async(
+                args=[page_id, day],
+                task_id=placement_key(page_id, night.day),
+                eta=origin + timedelta(seconds=offset),
+                queue=settings.REAUDIT_QUEUE,
+                producer=producer,
+            )
+            published += 1
+    return published
+
+
+def resume(night: FanOut) -> int | None:
+    """Make sure an open night's slice chain is moving: (re)publish its next slice.
+
+    Harmless when the chain is alive (the duplicate finds the slice done and the
+    next one scheduled); it restarts a chain whose message was lost. Returns the
+    slice published, or None for a finished or superseded night.
+    """
+    if not night.is_open:
+        return None
+    last = night.slice_runs.order_by("-index").first()
+    if last is None:
+        index, planned = 0, night.window_start
+    elif last.published_at is None or last.next_scheduled_at is None:
+        index, planned = last.index, last.planned_at
+    else:
+        index, planned = last.index + 1, last.starts_at + timedelta(seconds=night.slice_seconds)
+    if index >= night.slice_count:
+        return None
+    schedule_slice(night.day, index, planned_at=planned)
+    log.info("reaudit.resumed", extra={"day": night.day.isoformat(), "slice": index})
+    return index
+
+
+def fire_placement(page_id: int, day: date) -> Audit | None:
+    """A placement's moment: create the page's re-audit for `day` and enqueue it, once.
+
+    A duplicate (a redelivery, a second fan-out, two beats) finds the audit by its
+    idempotency key and creates and enqueues nothing. A page deleted or no longer
+    marked for re-audit since the fan-out is skipped.
+    """
+    page = Page.objects.filter(id=page_id).first()
+    with transaction.atomic():
+        Placement.objects.filter(fan_out__day=day, page_id=page_id, fired_at=None).update(
+            fired_at=timezone.now()
+        )
+        if page is None or not page.reaudit_nightly:
+            log.info("reaudit.placement_skipped", extra={"page_id": page_id, "day": str(day)})
+            return None
+        audit, created = create_and_enqueue_audit(
+            page, trigger=Audit.Trigger.REAUDIT, idempotency_key=placement_key(page_id, day)
+        )
+    log.info(
+        "reaudit.placed",
+        extra={
+            "page_id": page_id,
+            "day": str(day),
+            "audit_id": str(audit.id),
+            "new_audit": created,
+        },
+    )
+    return audit
+
+
+def current_fan_out() -> FanOut | None:
+    return FanOut.objects.order_by("-day").first()
+
+
+def count_scheduled() -> int:
+    """Pages whose placement in the current night has not fired yet.
+
+    Counts placements of slices not yet published as well as those a worker
+    holds. Two indexed queries: the count walks an index holding only unfired
+    placements (BENCHMARKS.md has its cost at 100,000 pages).
+    """
+    night_id = FanOut.objects.order_by("-day").values_list("id", flat=True).first()
+    if night_id is None:
+        return 0
+    return Placement.objects.filter(fan_out_id=night_id, fired_at__isnull=True).count()
+
+
+def prune_placements(*, before: date) -> int:
+    """Delete the placement rows of nights before `before` (their FanOut rows stay)."""
+    deleted, _ = Placement.objects.filter(fan_out__day__lt=before).delete()
+    return deleted
