@@ -18,6 +18,7 @@ from itertools import islice
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audits.models import Audit, Page
@@ -212,9 +213,6 @@ def _publish_placements(night: FanOut, run: SliceRun) -> int:
     """Publish the slice's unfired placements over one producer; each due at its offset."""
     from reaudit.tasks import place
 
-    # Where offset 0 falls for this slice: the window start, shifted by any lateness.
-    origin = run.starts_at - timedelta(seconds=run.index * night.slice_seconds)
-    day = night.day.isoformat()
     placements = (
         Placement.objects.filter(fan_out=night, slice_index=run.index, fired_at=None)
         .values_list("page_id", "offset_seconds")
@@ -223,24 +221,32 @@ def _publish_placements(night: FanOut, run: SliceRun) -> int:
     published = 0
     with place.app.producer_or_acquire() as producer:
         for page_id, offset in placements:
-            place.apply_async(
-                args=[page_id, day],
-                task_id=placement_key(page_id, night.day),
-                eta=origin + timedelta(seconds=offset),
-                queue=settings.REAUDIT_QUEUE,
-                producer=producer,
+            _publish_placement(
+                page_id, night.day, eta=due_time(night, run, offset), producer=producer
             )
             published += 1
     return published
 
 
-def resume(night: FanOut) -> int | None:
-    """Make sure an open night's slice chain is moving: (re)publish its next slice.
+def _publish_placement(page_id: int, day: date, *, eta: datetime | None, producer=None) -> None:
+    from reaudit.tasks import place
 
-    Harmless when the chain is alive (the duplicate finds the slice done and the
-    next one scheduled); it restarts a chain whose message was lost. Returns the
-    slice published, or None for a finished or superseded night.
-    """
+    place.apply_async(
+        args=[page_id, day.isoformat()],
+        task_id=placement_key(page_id, day),
+        eta=eta,
+        queue=settings.REAUDIT_QUEUE,
+        producer=producer,
+    )
+
+
+def due_time(night: FanOut, run: SliceRun, offset_seconds: float) -> datetime:
+    """When a placement of `run`'s slice is due: its offset, shifted by the slice's lateness."""
+    return run.starts_at + timedelta(seconds=offset_seconds - run.index * night.slice_seconds)
+
+
+def _next_slice(night: FanOut) -> tuple[int, datetime] | None:
+    """The slice an open night's chain is waiting for, and when it is planned to start."""
     if not night.is_open:
         return None
     last = night.slice_runs.order_by("-index").first()
@@ -250,11 +256,77 @@ def resume(night: FanOut) -> int | None:
         index, planned = last.index, last.planned_at
     else:
         index, planned = last.index + 1, last.starts_at + timedelta(seconds=night.slice_seconds)
-    if index >= night.slice_count:
+    return (index, planned) if index < night.slice_count else None
+
+
+def resume(night: FanOut) -> int | None:
+    """Make sure an open night's slice chain is moving: (re)publish its next slice.
+
+    Harmless when the chain is alive (the duplicate finds the slice done and the
+    next one scheduled); it restarts a chain whose message was lost. Returns the
+    slice published, or None for a finished or superseded night.
+    """
+    waiting_for = _next_slice(night)
+    if waiting_for is None:
         return None
+    index, planned = waiting_for
     schedule_slice(night.day, index, planned_at=planned)
     log.info("reaudit.resumed", extra={"day": night.day.isoformat(), "slice": index})
     return index
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    resumed: list[tuple[date, int]]
+    republished: int
+
+
+def catch_up(now: datetime | None = None) -> CatchUp:
+    """Recover what the broker lost: a stalled slice chain, placements that never fired.
+
+    A message a dead worker held comes back by itself once it has been unacked
+    for the visibility timeout. One that is gone for good does not: a worker
+    SIGKILLed between taking it off the list (BRPOP) and recording it as unacked,
+    or a Redis that lost its data. So the catch-up beat entry looks for work
+    overdue by 1.5 visibility timeouts and publishes it again, due at once.
+    Slices and placements are idempotent: a message merely slow costs a duplicate.
+    """
+    now = now or timezone.now()
+    grace = timedelta(seconds=1.5 * settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS)
+    nights = FanOut.objects.filter(superseded_at=None).filter(
+        Q(finished_at=None) | Q(finished_at__gte=now - 2 * grace)
+    )
+    resumed: list[tuple[date, int]] = []
+    republished = 0
+    for night in nights:
+        waiting_for = _next_slice(night)
+        if waiting_for is not None and waiting_for[1] + grace < now:
+            resumed.append((night.day, resume(night)))
+        republished += _republish_lost_placements(night, overdue_before=now - grace)
+    if resumed or republished:
+        log.warning(
+            "reaudit.caught_up",
+            extra={"resumed": [f"{d}#{i}" for d, i in resumed], "republished": republished},
+        )
+    return CatchUp(resumed=resumed, republished=republished)
+
+
+def _republish_lost_placements(night: FanOut, *, overdue_before: datetime) -> int:
+    runs = {run.index: run for run in night.slice_runs.filter(published_at__lt=overdue_before)}
+    if not runs:
+        return 0
+    # Unfired placements of published slices: normally just those a worker holds now.
+    unfired = (
+        Placement.objects.filter(fan_out=night, fired_at=None, slice_index__in=list(runs))
+        .values_list("page_id", "slice_index", "offset_seconds")
+        .iterator(chunk_size=BATCH_SIZE)
+    )
+    republished = 0
+    for page_id, index, offset in unfired:
+        if due_time(night, runs[index], offset) < overdue_before:
+            _publish_placement(page_id, night.day, eta=None)
+            republished += 1
+    return republished
 
 
 def fire_placement(page_id: int, day: date) -> Audit | None:
@@ -285,10 +357,6 @@ def fire_placement(page_id: int, day: date) -> Audit | None:
         },
     )
     return audit
-
-
-def current_fan_out() -> FanOut | None:
-    return FanOut.objects.order_by("-day").first()
 
 
 def count_scheduled() -> int:

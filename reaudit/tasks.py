@@ -54,3 +54,13 @@ def publish_slice(day: str, index: int, planned_at: str) -> None:
 )
 def place(page_id: int, day: str) -> None:
     services.fire_placement(page_id, date.fromisoformat(day))
+
+
+@shared_task(
+    base=ReauditTask,
+    name="reaudit.catch_up",
+    queue=settings.REAUDIT_QUEUE,
+    autoretry_for=TRANSIENT_ERRORS,
+)
+def catch_up() -> None:
+    services.catch_up()

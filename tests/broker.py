@@ -19,8 +19,8 @@ class Message:
     args: list
 
     @classmethod
-    def parse(cls, raw: bytes | str) -> Message:
-        payload = json.loads(raw)
+    def parse(cls, raw: bytes | str | dict) -> Message:
+        payload = raw if isinstance(raw, dict) else json.loads(raw)
         headers = payload["headers"]
         args, _kwargs, _embed = json.loads(base64.b64decode(payload["body"]))
         eta = datetime.fromisoformat(headers["eta"]) if headers.get("eta") else None

@@ -189,6 +189,58 @@ def test_resume_republishes_the_slice_a_lost_chain_was_waiting_for(redis_client)
     assert message.eta == first.starts_at + timedelta(seconds=SLICE)
 
 
+def test_catch_up_republishes_placements_the_broker_lost_once_overdue(redis_client, settings):
+    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10  # overdue 15 s after they were due
+    make_pages({domain_due_between(0, 200, window=WINDOW): 3})
+    night = run_fan_out().fan_out
+    run = services.publish_slice(DAY, 0, night.window_start)
+    last_due = max(m.eta for m in placement_messages(redis_client))
+    redis_client.delete("reaudit")  # lost: a worker killed between BRPOP and recording them
+
+    # 14 s after the last was due: the two due 10 and 20 s earlier are overdue, it is not yet.
+    assert services.catch_up(now=last_due + timedelta(seconds=14)).republished == 2
+
+    redis_client.delete("reaudit")
+    caught = services.catch_up(now=last_due + timedelta(seconds=16))
+    assert (caught.republished, caught.resumed) == (3, [])
+    republished = placement_messages(redis_client)
+    assert sorted(m.id for m in republished) == sorted(
+        services.placement_key(p.page_id, DAY) for p in Placement.objects.filter(fan_out=night)
+    )
+    assert {m.eta for m in republished} == {None}  # overdue: due at once
+    assert run.starts_at + timedelta(seconds=SLICE) > last_due + timedelta(seconds=16)
+
+
+def test_catch_up_restarts_a_slice_chain_whose_next_slice_is_overdue(redis_client, settings):
+    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
+    make_pages({"a.test": 2})
+    night = run_fan_out().fan_out
+    run = services.publish_slice(DAY, 0, night.window_start)
+    redis_client.delete("reaudit")  # the message of slice 1 is gone
+    next_start = run.starts_at + timedelta(seconds=SLICE)
+
+    assert services.catch_up(now=next_start + timedelta(seconds=14)).resumed == []
+    assert services.catch_up(now=next_start + timedelta(seconds=16)).resumed == [(DAY, 1)]
+
+    (message,) = slice_messages(redis_client)
+    assert (message.args[1], message.eta) == (1, next_start)
+
+
+def test_catch_up_finds_nothing_on_a_healthy_night(redis_client, settings):
+    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
+    pages = make_pages({domain_due_between(0, 200, window=WINDOW): 2, "b.test": 3})
+    night = run_fan_out().fan_out
+    run = services.publish_slice(DAY, 0, night.window_start)
+    for page in pages[:2]:
+        services.fire_placement(page.id, DAY)
+    redis_client.delete("reaudit")
+
+    caught = services.catch_up(now=run.starts_at + timedelta(seconds=SLICE - 1))
+
+    assert (caught.resumed, caught.republished) == ([], 0)
+    assert queued(redis_client, "reaudit") == []
+
+
 def test_a_placement_fired_twice_creates_one_audit_and_enqueues_it_once(redis_client):
     (page,) = make_pages({"a.test": 1})
     run_fan_out()
@@ -260,22 +312,30 @@ def test_the_command_runs_a_fan_out_and_prints_what_it_placed(redis_client):
     assert "placed nothing new" in second
 
 
-def test_the_beat_entry_runs_the_fan_out_at_reaudit_hour_on_the_reaudit_queue(settings):
+def test_migrating_creates_the_nightly_fan_out_and_the_catch_up_on_the_reaudit_queue(settings):
     # The migration's own function: transactional tests flush the rows migrations made.
-    migration = importlib.import_module("reaudit.migrations.0002_nightly_beat_entry")
-    migration.delete_entry(apps, None)
+    migration = importlib.import_module("reaudit.migrations.0002_beat_entries")
+    migration.delete_entries(apps, None)
     settings.REAUDIT_HOUR = 5
 
-    migration.create_entry(apps, None)
-    migration.create_entry(apps, None)  # migrating again keeps the one entry as edited
+    migration.create_entries(apps, None)
+    PeriodicTask.objects.filter(task="reaudit.catch_up").update(enabled=False)  # an admin's edit
+    migration.create_entries(apps, None)  # migrating again keeps the entries as edited
 
-    entry = PeriodicTask.objects.get(task="reaudit.fan_out")
-    assert entry.enabled
-    assert entry.queue == "reaudit"
-    assert (entry.crontab.minute, entry.crontab.hour, entry.crontab.day_of_week) == ("0", "5", "*")
-    assert str(entry.crontab.timezone) == "UTC"
-    migration.delete_entry(apps, None)
-    assert not PeriodicTask.objects.filter(task="reaudit.fan_out").exists()
+    fan_out = PeriodicTask.objects.get(task="reaudit.fan_out")
+    assert (fan_out.enabled, fan_out.queue) == (True, "reaudit")
+    assert (fan_out.crontab.minute, fan_out.crontab.hour, fan_out.crontab.day_of_week) == (
+        "0",
+        "5",
+        "*",
+    )
+    assert str(fan_out.crontab.timezone) == "UTC"
+    catch_up = PeriodicTask.objects.get(task="reaudit.catch_up")
+    assert (catch_up.enabled, catch_up.queue) == (False, "reaudit")
+    assert (catch_up.interval.every, catch_up.interval.period) == (60, "seconds")
+    assert catch_up.expire_seconds == 60
+    migration.delete_entries(apps, None)
+    assert not PeriodicTask.objects.filter(task__startswith="reaudit.").exists()
 
 
 @pytest.mark.parametrize(
