@@ -210,7 +210,12 @@ def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | Non
 
 
 def _publish_placements(night: FanOut, run: SliceRun) -> int:
-    """Publish the slice's unfired placements over one producer; each due at its offset."""
+    """Publish the slice's unfired placements, each due at its offset, pipelined.
+
+    One producer, and kombu's publish batch: the Redis commands of BATCH_SIZE
+    messages (each an LPUSH and its task-sent event) go in one round trip
+    instead of two each (BENCHMARKS.md: 3,000 placements in about a third of the time).
+    """
     from reaudit.tasks import place
 
     placements = (
@@ -219,7 +224,7 @@ def _publish_placements(night: FanOut, run: SliceRun) -> int:
         .iterator(chunk_size=BATCH_SIZE)
     )
     published = 0
-    with place.app.producer_or_acquire() as producer:
+    with place.app.producer_or_acquire() as producer, producer.batch(max_size=BATCH_SIZE):
         for page_id, offset in placements:
             _publish_placement(
                 page_id, night.day, eta=due_time(night, run, offset), producer=producer
