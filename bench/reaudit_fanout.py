@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -68,7 +68,8 @@ def main() -> int:
         print(f"Redis {redis_url}, database {database_url}", flush=True)
         results = [measure_rolling(size, args.observe) for size in SIZES]
         naive = measure_naive(SIZES[0])
-        report(results, naive, args.observe)
+        publishing = measure_publishing()
+        report(results, naive, publishing, args.observe)
     finally:
         from django.db import connections
 
@@ -319,7 +320,49 @@ def measure_naive(size: int) -> dict:
         client.flushdb()
 
 
-def report(results: list[dict], naive: dict, observe_seconds: float) -> None:
+def measure_publishing(count: int = 3000, rounds: int = 3) -> dict:
+    """One slice's publish: a round trip per message, or kombu's publish batch (no worker)."""
+    import statistics
+
+    import redis
+    from django.conf import settings
+
+    from reaudit.tasks import place
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    eta = datetime.now(UTC) + timedelta(hours=1)
+
+    def publish(batched: bool) -> float:
+        client.flushdb()
+        started = time.perf_counter()
+        with place.app.producer_or_acquire() as producer:
+            batch = producer.batch(max_size=2000) if batched else contextlib.nullcontext()
+            with batch:
+                for n in range(count):
+                    place.apply_async(
+                        args=[n, DAY.isoformat()],
+                        task_id=f"bench-{n}",
+                        eta=eta,
+                        queue=settings.REAUDIT_QUEUE,
+                        producer=producer,
+                    )
+        elapsed = time.perf_counter() - started
+        assert client.llen(settings.REAUDIT_QUEUE) == count
+        return elapsed
+
+    single, batched = [], []
+    for _ in range(rounds):  # interleaved, so both see the same load
+        single.append(publish(batched=False))
+        batched.append(publish(batched=True))
+    client.flushdb()
+    return {
+        "count": count,
+        "single": statistics.median(single),
+        "batched": statistics.median(batched),
+    }
+
+
+def report(results: list[dict], naive: dict, publishing: dict, observe_seconds: float) -> None:
     first = results[0]
     print(
         f"\nWindow {first['window']} s, slices of {first['slice']} s; "
@@ -352,6 +395,11 @@ def report(results: list[dict], naive: dict, observe_seconds: float) -> None:
         f"{mb(naive['peak_rss'] - naive['idle_rss'])} above idle "
         f"({(naive['peak_rss'] - naive['idle_rss']) / max(1, naive['held']) / 1024:.1f} KB a "
         "placement)"
+    )
+    print(
+        f"Publishing {publishing['count']:,} placements: {publishing['single']:.2f} s one by one, "
+        f"{publishing['batched']:.2f} s batched "
+        f"({publishing['batched'] / publishing['single']:.2f} of the time; median of 3)"
     )
 
 
