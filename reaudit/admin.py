@@ -1,11 +1,18 @@
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils.html import format_html
 
 from audits.models import Audit
 from reaudit import services
 from reaudit.models import FanOut, Placement, SliceRun
+
+
+def _count(rows):
+    """The number of `rows` belonging to the outer night, as a subquery."""
+    counted = rows.filter(fan_out=OuterRef("pk")).order_by().values("fan_out")
+    return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n")), 0)
 
 
 class SliceRunInline(admin.TabularInline):
@@ -52,11 +59,13 @@ class FanOutAdmin(admin.ModelAdmin):
     actions = ["resume_selected"]
 
     def get_queryset(self, request):
+        # Subqueries, not joins: a night has a row per page.
         return (
             super()
             .get_queryset(request)
             .annotate(
-                unfired=Count("placements", filter=Q(placements__fired_at__isnull=True)),
+                unfired=_count(Placement.objects.filter(fired_at__isnull=True)),
+                published=_count(SliceRun.objects.filter(published_at__isnull=False)),
             )
         )
 
@@ -66,8 +75,7 @@ class FanOutAdmin(admin.ModelAdmin):
 
     @admin.display(description="Slices published")
     def slices_published(self, night: FanOut) -> str:
-        done = night.slice_runs.filter(published_at__isnull=False).count()
-        return f"{done} / {night.slice_count}"
+        return f"{night.published} / {night.slice_count}"
 
     @admin.display(description="State")
     def state(self, night: FanOut) -> str:

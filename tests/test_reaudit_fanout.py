@@ -362,3 +362,23 @@ def test_a_visibility_timeout_not_above_the_slice_refuses_to_start(
     if refused:
         assert "ImproperlyConfigured" in loaded.stderr
         assert "must exceed REAUDIT_SLICE_SECONDS" in loaded.stderr
+
+
+def test_the_admin_shows_a_nights_progress_and_its_placements(redis_client, admin_client):
+    pages = make_pages({domain_due_between(0, 200, window=WINDOW): 2, "b.test": 2})
+    night = run_fan_out().fan_out
+    services.publish_slice(DAY, 0, night.window_start)
+    services.fire_placement(pages[0].id, DAY)
+
+    nights = admin_client.get("/admin/reaudit/fanout/")
+    placements = admin_client.get(f"/admin/reaudit/placement/?fan_out__id__exact={night.id}")
+    fired = Placement.objects.get(page=pages[0])
+    detail = admin_client.get(f"/admin/reaudit/placement/{fired.id}/change/")
+
+    assert nights.status_code == placements.status_code == detail.status_code == 200
+    row = nights.content.decode()
+    assert '<td class="field-scheduled">3</td>' in row
+    assert f'<td class="field-slices_published">1 / {WINDOW // SLICE}</td>' in row
+    listed = placements.content.decode()
+    assert all(page.url.replace("&", "&amp;") in listed for page in pages)
+    assert services.placement_key(pages[0].id, DAY) in detail.content.decode()
