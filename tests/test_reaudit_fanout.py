@@ -338,6 +338,16 @@ def test_migrating_creates_the_nightly_fan_out_and_the_catch_up_on_the_reaudit_q
     assert not PeriodicTask.objects.filter(task__startswith="reaudit.").exists()
 
 
+def load_settings(**env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**os.environ, "DEBUG": "true", **env},
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize(
     ("visibility_timeout", "slice_seconds", "refused"),
     [("600", "600", True), ("300", "600", True), ("601", "600", False)],
@@ -345,23 +355,20 @@ def test_migrating_creates_the_nightly_fan_out_and_the_catch_up_on_the_reaudit_q
 def test_a_visibility_timeout_not_above_the_slice_refuses_to_start(
     visibility_timeout, slice_seconds, refused
 ):
-    env = {
-        **os.environ,
-        "DEBUG": "true",
-        "REAUDIT_VISIBILITY_TIMEOUT_SECONDS": visibility_timeout,
-        "REAUDIT_SLICE_SECONDS": slice_seconds,
-    }
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    loaded = load_settings(
+        REAUDIT_VISIBILITY_TIMEOUT_SECONDS=visibility_timeout,
+        REAUDIT_SLICE_SECONDS=slice_seconds,
     )
     assert (loaded.returncode != 0) == refused, loaded.stderr
     if refused:
         assert "ImproperlyConfigured" in loaded.stderr
         assert "must exceed REAUDIT_SLICE_SECONDS" in loaded.stderr
+
+
+def test_a_reaudit_hour_outside_the_day_refuses_to_start():
+    loaded = load_settings(REAUDIT_HOUR="24")
+    assert loaded.returncode != 0
+    assert "REAUDIT_HOUR must be an hour of the day (0-23), got 24" in loaded.stderr
 
 
 def test_the_admin_shows_a_nights_progress_and_its_placements(redis_client, admin_client):

@@ -80,10 +80,12 @@ def test_a_short_night_places_every_page_once_spaced_and_each_at_or_after_its_of
     fired = defaultdict(list)
     for placement in Placement.objects.filter(fan_out=night).select_related("page"):
         fired[placement.page.domain].append(placement.fired_at)
-    alpha = sorted(fired["alpha.test"])
-    gaps = [(b - a).total_seconds() for a, b in zip(alpha, alpha[1:], strict=False)]
-    # Due one second apart; the slack is the worker's own timing noise.
-    assert all(gap >= 0.7 for gap in gaps), gaps
+    for domain in ("alpha.test", "beta.test"):
+        times = sorted(fired[domain])
+        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        # Due one second apart (and none before its time); the slack is the worker's
+        # own timing on a busy machine.
+        assert all(gap >= 0.5 for gap in gaps), (domain, gaps)
 
     wait_for(
         lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
