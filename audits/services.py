@@ -8,7 +8,7 @@ from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError
@@ -50,14 +50,45 @@ def submit_audit(
     """
     with transaction.atomic():
         page = get_or_create_page(target)
-        audit = Audit.objects.create(
-            page=page,
-            task_id=str(uuid.uuid4()),
+        audit, _ = create_and_enqueue_audit(
+            page,
+            trigger=Audit.Trigger.SUBMITTED,
             callback_url=callback_url,
             callback_secret=callback_secret,
         )
-        transaction.on_commit(lambda: enqueue_audit(audit))
     return audit
+
+
+def create_and_enqueue_audit(
+    page: Page,
+    *,
+    trigger: str,
+    idempotency_key: str | None = None,
+    callback_url: str = "",
+    callback_secret: str = "",
+) -> tuple[Audit, bool]:
+    """Create a queued audit of `page` and enqueue it on commit; (audit, created).
+
+    With an `idempotency_key` a second call creates nothing and enqueues nothing:
+    the unique constraint turns the second insert into a lookup of the first
+    audit, even when two callers race.
+    """
+    try:
+        with transaction.atomic():
+            audit = Audit.objects.create(
+                page=page,
+                trigger=trigger,
+                idempotency_key=idempotency_key,
+                task_id=str(uuid.uuid4()),
+                callback_url=callback_url,
+                callback_secret=callback_secret,
+            )
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        return Audit.objects.get(idempotency_key=idempotency_key), False
+    transaction.on_commit(lambda: enqueue_audit(audit))
+    return audit, True
 
 
 def enqueue_audit(audit: Audit) -> bool:

@@ -293,6 +293,28 @@ WEBHOOK_MAX_CONCURRENCY = env_int("WEBHOOK_MAX_CONCURRENCY", 16, minimum=0)
 WEBHOOK_PER_HOST_CONCURRENCY = env_int("WEBHOOK_PER_HOST_CONCURRENCY", 32, minimum=0)
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 
+# --- Nightly re-audit ---------------------------------------------------------
+# Read once, by the data migration that creates the beat entry (reaudit 0002);
+# after that the entry's crontab is edited in the admin.
+REAUDIT_HOUR = env_int("REAUDIT_HOUR", 2, minimum=0)
+if REAUDIT_HOUR > 23:
+    raise ImproperlyConfigured(
+        f"REAUDIT_HOUR must be an hour of the day (0-23), got {REAUDIT_HOUR}"
+    )
+REAUDIT_WINDOW_SECONDS = env_int("REAUDIT_WINDOW_SECONDS", 6 * 3600, minimum=1)
+REAUDIT_SLICE_SECONDS = env_int("REAUDIT_SLICE_SECONDS", 600, minimum=1)
+REAUDIT_DOMAIN_SPACING_SECONDS = env_float("REAUDIT_DOMAIN_SPACING_SECONDS", 10.0, minimum=0.0)
+# A reaudit worker holds each placement, and the message of the next slice, for
+# up to one slice before it runs them. Were the visibility timeout shorter, its
+# own restore scan would redeliver them while it still holds them: every held
+# message twice, every slice (kombu#337).
+if REAUDIT_VISIBILITY_TIMEOUT_SECONDS <= REAUDIT_SLICE_SECONDS:
+    raise ImproperlyConfigured(
+        f"REAUDIT_VISIBILITY_TIMEOUT_SECONDS ({REAUDIT_VISIBILITY_TIMEOUT_SECONDS}) must exceed "
+        f"REAUDIT_SLICE_SECONDS ({REAUDIT_SLICE_SECONDS}): a reaudit worker holds scheduled "
+        "placements for up to one slice."
+    )
+
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 LOG_FORMAT = env_str("LOG_FORMAT", "text")

@@ -45,7 +45,7 @@ def queue_snapshot() -> QueueSnapshot:
         waiting=backlog.waiting,
         retrying=backlog.retrying,
         running=backlog.running,
-        scheduled=count_scheduled(client),
+        scheduled=count_scheduled(),
     )
 
 

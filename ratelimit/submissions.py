@@ -189,6 +189,6 @@ def queue_report(client: redis.Redis | None = None) -> dict[str, int]:
         "waiting": snapshot.waiting,
         "retrying": snapshot.retrying,
         "running": snapshot.running,
-        "scheduled": count_scheduled(client),
+        "scheduled": count_scheduled(),
         "max_depth": settings.AUDIT_QUEUE_MAX_DEPTH,
     }

@@ -1,0 +1,66 @@
+"""The re-audit's tasks, all on the `reaudit` queue; the work is in reaudit.services."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+
+import kombu.exceptions
+import redis.exceptions
+from celery import shared_task
+from django import db
+from django.conf import settings
+
+from ratelimit.retry import PlumbTask
+from reaudit import services
+
+# Lost connections are worth another attempt; anything else is a bug to see.
+TRANSIENT_ERRORS = (
+    db.OperationalError,
+    db.InterfaceError,
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+)
+
+
+class ReauditTask(PlumbTask):
+    max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+
+
+@shared_task(
+    base=ReauditTask,
+    name="reaudit.fan_out",
+    queue=settings.REAUDIT_QUEUE,
+    autoretry_for=TRANSIENT_ERRORS,
+)
+def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
+    services.fan_out(date.fromisoformat(day) if day else None, window_seconds=window_seconds)
+
+
+@shared_task(
+    base=ReauditTask,
+    name="reaudit.publish_slice",
+    queue=settings.REAUDIT_QUEUE,
+    autoretry_for=TRANSIENT_ERRORS,
+)
+def publish_slice(day: str, index: int, planned_at: str) -> None:
+    services.publish_slice(date.fromisoformat(day), index, datetime.fromisoformat(planned_at))
+
+
+@shared_task(
+    base=ReauditTask,
+    name="reaudit.place",
+    queue=settings.REAUDIT_QUEUE,
+    autoretry_for=TRANSIENT_ERRORS,
+)
+def place(page_id: int, day: str) -> None:
+    services.fire_placement(page_id, date.fromisoformat(day))
+
+
+@shared_task(
+    base=ReauditTask,
+    name="reaudit.catch_up",
+    queue=settings.REAUDIT_QUEUE,
+    autoretry_for=TRANSIENT_ERRORS,
+)
+def catch_up() -> None:
+    services.catch_up()
