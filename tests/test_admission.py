@@ -13,7 +13,6 @@ from audits import backlog
 from audits.backlog import BacklogSnapshot, backlog_snapshot
 from ratelimit import submissions as admission
 from ratelimit.buckets import client_ip, submit_bucket_key, take_token
-from reaudit.services import count_scheduled
 
 AUDITS = "audits"
 PRIORITY_SUB_QUEUES = ["audits\x06\x163", "audits\x06\x166", "audits\x06\x169"]
@@ -156,12 +155,11 @@ def test_a_parked_entry_long_past_due_heals_away(redis_client):
     assert redis_client.zrange(backlog.PARKED_KEY, 0, -1) == [b"just-due"]
 
 
-def test_reaudit_messages_are_not_backlog_but_are_scheduled(redis_client):
+def test_reaudit_messages_are_not_backlog(redis_client):
     redis_client.lpush("reaudit", "placement")
     redis_client.lpush("reaudit\x06\x169", "placement")
     redis_client.hset("unacked:reaudit", "tag", "placement held until its ETA")
     assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=0)
-    assert count_scheduled() == 3
 
 
 def test_registry_writes_are_best_effort_when_redis_is_down(settings, caplog):
