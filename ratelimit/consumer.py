@@ -54,7 +54,12 @@ def malformed_reason(message, registered_tasks) -> str | None:
 def _raw(message) -> str:
     body = message.body
     if isinstance(body, bytes):
-        body = body.decode("utf-8", errors="replace")
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            body = repr(body)  # binary (a pickle, say): escaped, so it can be stored and read
+    # PostgreSQL text cannot hold NUL.
+    body = body.replace("\x00", "\\x00")
     return (
         f"headers: {message.headers!r}\n"
         f"content_type: {message.content_type!r} content_encoding: {message.content_encoding!r}\n"
