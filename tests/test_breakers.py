@@ -62,9 +62,21 @@ def test_it_opens_when_the_failure_rate_crosses_the_threshold(breaker):
     assert 0 < state["open_until"] - time.time() <= 0.5
     permit = breaker.acquire()
     assert not permit.allowed and permit.decision == "open"
-    assert 0 < permit.open_for <= 0.5
-    # Parked for the rest of the open period plus a spread of up to one more.
-    assert permit.open_for <= permit.park_delay() <= permit.open_for + 0.5
+    # Parked at least until the open period ends, with up to a second of jitter.
+    assert 0 < permit.release_in <= 0.5
+    assert permit.release_in <= permit.park_delay() <= permit.release_in + 1
+
+
+def test_parked_calls_are_released_no_faster_than_calls_came_before_it_opened(breaker):
+    open_it(breaker)  # four calls within a second or two: 2 to 4 calls per second
+    open_until = breaker.state()["open_until"]
+    rate = breaker.state()["release_rate"]
+    assert 2 <= rate <= 4
+    releases = [time.time() + breaker.acquire().release_in for _ in range(12)]
+    # First come, first served, one every 1/rate seconds from the end of the open period.
+    assert abs(releases[0] - open_until) < 0.05
+    gaps = [later - earlier for earlier, later in zip(releases, releases[1:], strict=False)]
+    assert all(abs(gap - 1 / rate) < 0.05 for gap in gaps), gaps
 
 
 def test_calls_that_say_nothing_about_the_downstream_are_not_counted(breaker):
@@ -89,8 +101,8 @@ def test_after_the_open_period_only_the_probes_go_through(breaker):
     first, second, third = breaker.acquire(), breaker.acquire(), breaker.acquire()
     assert (first.decision, second.decision, third.decision) == ("probe", "probe", "half_open")
     assert breaker.state()["state"] == "half_open"
-    # The others wait, up to one open period, for the probes' verdict.
-    assert 0 < third.park_delay() <= 0.5
+    # The others wait at least a second for the probes' verdict.
+    assert third.release_in >= 1.0
 
 
 def test_it_closes_once_every_probe_has_succeeded(breaker):
