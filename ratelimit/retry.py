@@ -28,6 +28,7 @@ import time
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
+from redis import RedisError
 
 from ratelimit import breakers, deadletters, parking
 from ratelimit.deadletters import MalformedTaskMessage
@@ -134,7 +135,12 @@ class PlumbTask(Task):
             return super().__call__(*args, **kwargs)
 
         breaker = breakers.Breaker(self.name, host)
-        permit = breaker.acquire()
+        try:
+            permit = breaker.acquire()
+        except RedisError:
+            # The breaker fails open: without its state, the call goes through.
+            log.warning("breaker.unavailable", extra={"task": self.name, "host": host})
+            return super().__call__(*args, **kwargs)
         if not permit.allowed:
             self.park(
                 permit.park_delay(),
@@ -154,7 +160,11 @@ class PlumbTask(Task):
             outcome = breakers.SUCCESS
             return result
         finally:
-            breaker.record(permit, outcome)
+            try:
+                breaker.record(permit, outcome)
+            except Exception:
+                # Bookkeeping must not turn a finished run into a failed one.
+                log.exception("breaker.record_failed", extra={"task": self.name, "host": host})
 
     def _check_arguments(self, args: tuple, kwargs: dict) -> None:
         try:
