@@ -142,11 +142,11 @@ class PlumbTask(Task):
             log.warning("breaker.unavailable", extra={"task": self.name, "host": host})
             return super().__call__(*args, **kwargs)
         if not permit.allowed:
-            self.park(
-                permit.park_delay(),
-                reason=f"breaker {permit.decision.replace('_', '-')} for {host}",
-                retries=self.request.retries,
-            )
+            delay = permit.park_delay()
+            reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
+            self.before_park(reason, delay, args=args, kwargs=kwargs)
+            # The current `retries`: waiting for a breaker does not use an attempt.
+            self.park(delay, reason=reason, retries=self.request.retries)
             # Acknowledged without a result: the parked copy is the task now.
             raise Ignore()
         outcome = breakers.NO_VERDICT
@@ -229,7 +229,9 @@ class PlumbTask(Task):
         if parks:
             # Too long to hold as an ETA: the message would outlive the
             # visibility timeout and be redelivered as a duplicate.
-            self.park(delay, reason="retry", retries=attempt, headers=headers)
+            self.park(
+                delay, reason="retry", retries=attempt, headers=headers, args=args, kwargs=kwargs
+            )
             retry = Retry(exc=exc, when=delay)
             if throw:
                 raise retry
@@ -239,20 +241,28 @@ class PlumbTask(Task):
             max_retries=max_retries, headers=headers, **options,
         )  # fmt: skip
 
-    def park(self, delay: float, *, reason: str, retries: int, headers: dict | None = None) -> None:
+    def park(
+        self,
+        delay: float,
+        *,
+        reason: str,
+        retries: int,
+        headers: dict | None = None,
+        args=None,
+        kwargs=None,
+    ) -> None:
         """Hold this task outside the broker for `delay` seconds, then re-deliver it.
 
-        The copy keeps the task id, arguments and `retries`: parking for a
-        breaker passes the current count, so it does not use an attempt.
+        The copy keeps the task id, the arguments (unless given) and the headers,
+        with `retries` as given: a retry passes the next count, a breaker the
+        current one.
         """
         request = self.request
         queue = parking.queue_of(self, request)
         options = {"retries": retries}
         if headers is not None:
             options["headers"] = headers
-        signature = self.signature_from_request(request, queue=queue, **options)
-        if reason != "retry":
-            self.before_park(reason, delay, args=request.args, kwargs=request.kwargs)
+        signature = self.signature_from_request(request, args, kwargs, queue=queue, **options)
         parking.park(signature, delay=delay, queue=queue, reason=reason)
 
     # --- giving up ---------------------------------------------------------------
