@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from django.contrib import admin, messages
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ratelimit import breakers, deadletters
@@ -107,7 +108,9 @@ class CircuitBreakerAdmin(admin.ModelAdmin):
         live = breakers.Breaker(breaker.task_name, breaker.host).state()
         if live["open_until"]:
             until = datetime.fromtimestamp(live["open_until"], tz=UTC)
-            return f"open until {until:%H:%M:%S} UTC"
+            if until > timezone.now():
+                return f"open until {until:%H:%M:%S} UTC"
+            return "open, due to half-open on its next call"
         return live["state"].replace("_", "-")
 
     @admin.action(description="Close selected breakers (let every call through again)")
