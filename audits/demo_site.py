@@ -13,6 +13,8 @@
     /huge?mb=8              an HTML page of `mb` megabytes
     /flaky?key=k&fail=2     500 for the first `fail` requests per key, then 200
                             (after `delay` seconds, if given)
+    /busy?key=k&fail=1&retry_after=5
+                            503 with that Retry-After for the first `fail` requests per key
     /loop                   redirects to itself
     /trickle                a body that never ends, a byte every half second
 """
@@ -23,7 +25,7 @@ import argparse
 import contextlib
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -168,6 +170,22 @@ class DemoSiteHandler(BaseHTTPRequestHandler):
                 headers=SECURE_HEADERS,
             )
 
+    def busy(self, query):
+        key = query.get("key", "default")
+        with self.server.lock:
+            self.server.flaky_counts[key] += 1
+            self.server.request_times[key].append(time.time())
+            count = self.server.flaky_counts[key]
+        if count <= int(query.get("fail", "1")):
+            self._send(
+                503,
+                b"busy, come back later",
+                content_type="text/plain",
+                headers={"Retry-After": query.get("retry_after", "5")},
+            )
+        else:
+            self._send(200, _page("Not busy now", "<p>Thanks for waiting.</p>"))
+
     def loop(self, query):
         self._redirect(302, "/loop")
 
@@ -197,6 +215,7 @@ ROUTES = {
     "/missing": DemoSiteHandler.missing,
     "/huge": DemoSiteHandler.huge,
     "/flaky": DemoSiteHandler.flaky,
+    "/busy": DemoSiteHandler.busy,
     "/loop": DemoSiteHandler.loop,
     "/trickle": DemoSiteHandler.trickle,
 }
@@ -209,6 +228,7 @@ class DemoSite(ThreadingHTTPServer):
         super().__init__((host, port), DemoSiteHandler)
         self.hits: Counter[str] = Counter()
         self.flaky_counts: Counter[str] = Counter()
+        self.request_times: defaultdict[str, list[float]] = defaultdict(list)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
 

@@ -206,3 +206,25 @@ def mark_deferred(audit_id: str, error: str) -> None:
     Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING).update(
         status=Audit.Status.RETRYING, error=error, attempts=F("attempts") - 1
     )
+
+
+def requeue_audit(audit_id: str) -> Audit | None:
+    """Run a failed audit again (a dead-letter replay): queued, a new task id, enqueued on commit.
+
+    None if the audit is gone or not failed: a replay never re-runs a
+    finished success or an audit that is still alive.
+    """
+    with transaction.atomic():
+        requeued = Audit.objects.filter(id=audit_id, status=Audit.Status.FAILED).update(
+            status=Audit.Status.QUEUED,
+            task_id=str(uuid.uuid4()),
+            error="",
+            result=None,
+            started_at=None,
+            finished_at=None,
+        )
+        if not requeued:
+            return None
+        audit = Audit.objects.get(id=audit_id)
+        transaction.on_commit(lambda: enqueue_audit(audit))
+    return audit

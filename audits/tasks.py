@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import uuid
+
 from celery import shared_task
 from django.conf import settings
 
-from audits import linkcheck, services
+from audits import backlog, linkcheck, services
 from audits.fetch import TransientFetchError
+from audits.models import Audit
 from ratelimit.admission import RateLimited
+from ratelimit.deadletters import CannotReplay, MalformedTaskMessage
+from ratelimit import parking
 from ratelimit.retry import PlumbTask, defer, deferrals
 
 # A page whose host keeps rate-limiting us is deferred this often (no attempt
@@ -20,15 +25,45 @@ AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
 class AuditTask(PlumbTask):
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
 
+    def downstream_host(self, args, kwargs):
+        audit_id = args[0] if args else kwargs.get("audit_id")
+        if not isinstance(audit_id, str):
+            raise MalformedTaskMessage(f"audit id {audit_id!r} is not a string")
+        try:
+            uuid.UUID(audit_id)
+        except ValueError:
+            raise MalformedTaskMessage(f"audit id {audit_id!r} is not a UUID") from None
+        row = Audit.objects.filter(id=audit_id).values_list("status", "page__domain").first()
+        if row is None:
+            # Audits are never deleted while queued: no row means a bad message.
+            raise MalformedTaskMessage(f"no audit with id {audit_id}")
+        status, domain = row
+        # A finished audit (a duplicate delivery) is skipped without a breaker.
+        return None if status in Audit.FINISHED else domain
+
     def before_retry(self, exc, countdown, *, args, kwargs):
         services.mark_retrying(args[0], error=f"attempt {self.request.retries + 1} failed: {exc}")
+        if countdown > parking.longest_held_delay(self):
+            # Parked in Redis, not held in `unacked:audits`: still owed a slot.
+            backlog.note_parked(args[0], countdown)
+
+    def before_park(self, reason, delay, *, args, kwargs):
+        services.mark_retrying(args[0], error=f"waiting: {reason}")
+        backlog.note_parked(args[0], delay)
 
     def after_final_failure(self, exc, *, args, kwargs):
-        if args:
+        if args and not isinstance(exc, MalformedTaskMessage):
             attempts = self.request.retries + 1
             services.finish_audit(
                 str(args[0]), status="failed", error=f"gave up after {attempts} attempt(s): {exc}"
             )
+
+    def replay_dead_letter(self, args, kwargs):
+        audit_id = args[0] if args else kwargs.get("audit_id")
+        audit = services.requeue_audit(str(audit_id))
+        if audit is None:
+            raise CannotReplay(f"audit {audit_id} is not failed (or is gone)")
+        return audit.task_id
 
 
 @shared_task(

@@ -14,6 +14,8 @@ app = Celery("plumb")
 app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Every worker wakes the tasks parked for the queue it consumes (ratelimit.parking).
+app.steps["worker"].add("ratelimit.parking:ParkedTaskSweeper")
 
 
 @signals.setup_logging.connect

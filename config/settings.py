@@ -96,6 +96,10 @@ DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'plumb.sqlite3'}")
 # thread waits at most DB_POOL_TIMEOUT_SECONDS for a connection (PoolTimeout).
 DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 0, minimum=0)
 DB_POOL_TIMEOUT_SECONDS = env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# Each process (a gunicorn worker, a Celery pool process) holds at most one
+# connection, kept DB_CONN_MAX_AGE seconds for reuse: the connection count is
+# bounded by the process count (docs/workers.md has the budget), not by how
+# many retries come due at once.
 DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
@@ -111,6 +115,11 @@ if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.po
         "max_size": DB_POOL_MAX_SIZE,
         "timeout": DB_POOL_TIMEOUT_SECONDS,
     }
+DB_CONNECT_TIMEOUT_SECONDS = env_int("DB_CONNECT_TIMEOUT_SECONDS", 10, minimum=1)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database that is out of connections fails the task fast (and the
+    # task is retried) instead of hanging a pool process.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES["default"]["OPTIONS"] = {
@@ -194,6 +203,9 @@ QUEUE_VISIBILITY_TIMEOUTS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
+# kombu's Redis transport, with a queue entry that is not a message envelope
+# dead-lettered instead of stopping the worker (ratelimit/transport.py).
+CELERY_BROKER_TRANSPORT = "ratelimit.transport:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AUDITS_VISIBILITY_TIMEOUT_SECONDS}
 CELERY_TASK_DEFAULT_QUEUE = AUDIT_QUEUE
@@ -215,6 +227,9 @@ CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Dead-letters messages the worker cannot run (undecodable, unknown task,
+# wrong shape) on their first delivery instead of only logging them.
+CELERY_WORKER_CONSUMER = "ratelimit.consumer:DeadLetteringConsumer"
 
 # --- Audits -------------------------------------------------------------------
 AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, minimum=0.1)
@@ -314,6 +329,24 @@ if REAUDIT_VISIBILITY_TIMEOUT_SECONDS <= REAUDIT_SLICE_SECONDS:
         f"REAUDIT_SLICE_SECONDS ({REAUDIT_SLICE_SECONDS}): a reaudit worker holds scheduled "
         "placements for up to one slice."
     )
+# --- Retries, breakers and parked tasks (ratelimit/) ---------------------------
+RETRY_JITTER_CHOICES = ("multiplicative", "full", "equal", "decorrelated", "none")
+RETRY_JITTER = env_str("RETRY_JITTER", "multiplicative").strip().lower()
+if RETRY_JITTER not in RETRY_JITTER_CHOICES:
+    raise ImproperlyConfigured(
+        f"RETRY_JITTER must be one of {', '.join(RETRY_JITTER_CHOICES)}, got {RETRY_JITTER!r}"
+    )
+BREAKER_ENABLED = env_bool("BREAKER_ENABLED", True)
+BREAKER_FAILURE_RATE = env_float("BREAKER_FAILURE_RATE", 0.5, minimum=0.01)
+if BREAKER_FAILURE_RATE > 1:
+    raise ImproperlyConfigured(
+        f"BREAKER_FAILURE_RATE must be at most 1, got {BREAKER_FAILURE_RATE}"
+    )
+BREAKER_MIN_CALLS = env_int("BREAKER_MIN_CALLS", 10, minimum=1)
+BREAKER_WINDOW_SECONDS = env_int("BREAKER_WINDOW_SECONDS", 30, minimum=1)
+BREAKER_OPEN_SECONDS = env_float("BREAKER_OPEN_SECONDS", 30.0, minimum=0.1)
+BREAKER_HALF_OPEN_PROBES = env_int("BREAKER_HALF_OPEN_PROBES", 3, minimum=1)
+PARKED_SWEEP_INTERVAL_SECONDS = env_float("PARKED_SWEEP_INTERVAL_SECONDS", 1.0, minimum=0.05)
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

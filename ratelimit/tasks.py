@@ -3,7 +3,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from ratelimit import parking
+from ratelimit import deferred as parking
 
 
 @shared_task(name="ratelimit.wake_parked", queue=settings.AUDIT_QUEUE)

@@ -98,9 +98,13 @@ def test_a_500_is_transient_and_the_page_recovers(site):
 
 
 def test_a_retry_after_on_a_503_is_kept(site):
-    # /flaky answers 500 without Retry-After; the parser itself is tested in test_retry.
+    # The parser itself is tested in test_retry.
     with pytest.raises(TransientFetchError) as failure:
-        fetch(f"{site.base_url}/flaky?key=ra&fail=1")
+        fetch(f"{site.base_url}/busy?key=ra&fail=1&retry_after=120")
+    assert failure.value.status_code == 503
+    assert failure.value.retry_after == 120
+    with pytest.raises(TransientFetchError) as failure:
+        fetch(f"{site.base_url}/flaky?key=no-ra&fail=1")
     assert failure.value.retry_after is None
 
 

@@ -17,7 +17,7 @@ import pytest
 from audits import services
 from audits.models import Audit, LinkCheck
 from audits.targets import normalize_url
-from ratelimit import parking
+from ratelimit import deferred as parking
 from ratelimit.admission import RateLimited, admit
 from ratelimit.github import GitHubClient, GitHubCredentials
 from ratelimit.observations import (

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from ratelimit import parking
+from ratelimit import deferred as parking
 from ratelimit.admission import RateLimited, admit, inline_delay
 from ratelimit.client import OutboundClient, classify
 from ratelimit.headers import parse_limit_headers, parse_retry_after

@@ -1,0 +1,365 @@
+#!/usr/bin/env python
+"""Retry storm: the old fixed retry policy against the new one, on a downstream that slows, then fails.
+
+    .venv/bin/python bench/retry_storm.py                 # old vs new, about 3 minutes
+    .venv/bin/python bench/retry_storm.py --jitter-study  # + each jitter without a breaker
+
+What it starts: a downstream HTTP server on 127.0.0.1 (healthy, then slow, then answering
+503 for a while, then healthy again), a database of its own (DATABASE_URL's name plus
+`_bench`, created and dropped like the test suite's), and real `celery worker`
+subprocesses on the Redis at REDIS_URL. That Redis database is emptied between runs:
+the script refuses one that holds keys unless given --flush-redis.
+
+Each run submits the same N unique audits at a steady rate into the same downstream
+timeline and waits until every audit has finished (succeeded or dead-lettered). Runs:
+
+  old     1 s doubling, no jitter, no breaker, 5 attempts
+          (RETRY_JITTER=none, BREAKER_ENABLED=false)
+  new     the defaults: jittered backoff, breaker per task type and host, 5 attempts
+
+Reported per run, all from the downstream's own request log and the database: requests
+per unique job, retries (requests beyond each job's first) as their own count, jobs
+that succeeded, time until the backlog drained, and the peak requests in any one second,
+over the whole run and after the outage. Before the runs it also prints how each jitter
+spreads a cohort of retries that failed at the same instant (computed from the policy's
+own function, no workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# Like `make test`: the development setup, with its generated SECRET_KEY.
+os.environ.setdefault("DEBUG", "true")
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_databases, teardown_databases  # noqa: E402
+
+from audits import services  # noqa: E402
+from audits.models import Audit, Page  # noqa: E402
+from audits.targets import normalize_url  # noqa: E402
+from ratelimit import counters  # noqa: E402
+from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
+from ratelimit.retry import backoff_delay  # noqa: E402
+from tests.workers import WorkerProcess  # noqa: E402
+
+POLICIES = {
+    "old": {"RETRY_JITTER": "none", "BREAKER_ENABLED": "false"},
+    "new": {},
+}
+JITTERS = ["full", "equal", "decorrelated", "multiplicative"]
+COMMON_WORKER_ENV = {
+    "RETRY_BACKOFF_BASE_SECONDS": "1",
+    "AUDIT_MAX_ATTEMPTS": "5",
+    # Slow answers (up to --slow-max) time out part of the time.
+    "AUDIT_FETCH_TIMEOUT_SECONDS": "2",
+}
+
+
+# --- the downstream -------------------------------------------------------------
+class Downstream(ThreadingHTTPServer):
+    """healthy -> slow -> failing (503) -> healthy, on a clock started by `begin()`."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, args):
+        super().__init__(("127.0.0.1", 0), DownstreamHandler)
+        self.args = args
+        self.started: float | None = None
+        self.lock = threading.Lock()
+        self.requests: list[tuple[float, str]] = []
+        self.rng = random.Random(7)
+
+    def handle_error(self, request, client_address):
+        pass  # clients time out on slow answers; that is the point
+
+    def begin(self) -> None:
+        self.started = time.monotonic()
+
+    def phase(self, elapsed: float) -> str:
+        if elapsed < self.args.slow_at:
+            return "healthy"
+        if elapsed < self.args.fail_at:
+            return "slow"
+        if elapsed < self.args.recover_at:
+            return "failing"
+        return "healthy"
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class DownstreamHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_GET(self):
+        server: Downstream = self.server
+        elapsed = time.monotonic() - server.started
+        with server.lock:
+            server.requests.append((elapsed, self.path))
+            latency = server.rng.uniform(server.args.slow_min, server.args.slow_max)
+        phase = server.phase(elapsed)
+        if phase == "failing":
+            self._send(503, b"down for now")
+            return
+        if phase == "slow":
+            time.sleep(latency)
+        self._send(
+            200, b"<!doctype html><html><head><title>Job</title></head><body>ok</body></html>"
+        )
+
+    def _send(self, status: int, body: bytes):
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+# --- one run ----------------------------------------------------------------------
+@dataclass
+class RunResult:
+    name: str
+    jobs: int
+    requests: int
+    retries: int
+    requests_per_job: float
+    succeeded: int
+    failed: int
+    drain_seconds: float
+    peak_per_second: int
+    peak_per_second_after_outage: int
+    parked: int
+    breaker_opened: int
+    succeeded_jobs: list[int] = field(repr=False)
+    requests_by_second: list[int] = field(repr=False)
+
+
+def reset_state(client: redis.Redis) -> None:
+    client.flushdb()
+    for model in (DeadLetter, CircuitBreaker, Audit, Page):
+        model.objects.all().delete()
+
+
+def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
+    reset_state(client)
+    downstream = Downstream(args)
+    threading.Thread(target=downstream.serve_forever, daemon=True).start()
+    workers = [
+        WorkerProcess("audits", concurrency=args.concurrency, env={**COMMON_WORKER_ENV, **env})
+        for _ in range(args.workers)
+    ]
+    try:
+        for worker in workers:
+            worker.start(timeout=60)
+        print(f"[{name}] workers up; submitting {args.jobs} audits at {args.rate}/s", flush=True)
+        downstream.begin()
+        audit_ids: dict[str, int] = {}
+        for index in range(args.jobs):
+            due = index / args.rate
+            time.sleep(max(0.0, due - (time.monotonic() - downstream.started)))
+            audit = services.submit_audit(normalize_url(f"{downstream.base_url}/job/{index}"))
+            audit_ids[str(audit.id)] = index
+        deadline = time.monotonic() + args.timeout
+        while Audit.objects.exclude(status__in=Audit.FINISHED).exists():
+            if time.monotonic() > deadline:
+                left = Audit.objects.exclude(status__in=Audit.FINISHED).count()
+                raise SystemExit(f"[{name}] {left} audits unfinished after {args.timeout}s")
+            time.sleep(0.2)
+        drained = time.monotonic() - downstream.started
+    finally:
+        for worker in workers:
+            worker.stop()
+            if args.worker_log:
+                with args.worker_log.open("a") as log_file:
+                    log_file.write(f"===== {name} {worker.name}\n" + "".join(worker.lines))
+        downstream.shutdown()
+        downstream.server_close()
+
+    requests = downstream.requests
+    per_second = Counter(int(elapsed) for elapsed, _ in requests)
+    after = [count for second, count in per_second.items() if second >= args.recover_at]
+    succeeded = sorted(
+        audit_ids[str(audit_id)]
+        for audit_id in Audit.objects.filter(status="succeeded").values_list("id", flat=True)
+    )
+    unique_paths = {path for _, path in requests}
+    return RunResult(
+        name=name,
+        jobs=args.jobs,
+        requests=len(requests),
+        retries=len(requests) - len(unique_paths),
+        requests_per_job=round(len(requests) / args.jobs, 2),
+        succeeded=len(succeeded),
+        failed=Audit.objects.filter(status="failed").count(),
+        drain_seconds=round(drained, 1),
+        peak_per_second=max(per_second.values()),
+        peak_per_second_after_outage=max(after, default=0),
+        parked=sum(
+            counters.read("task.parked", task="audits.run_audit", reason=reason)
+            for reason in ("breaker", "retry")
+        ),
+        breaker_opened=counters.read("breaker.opened", task="audits.run_audit", host="127.0.0.1")
+        + counters.read("breaker.reopened", task="audits.run_audit", host="127.0.0.1"),
+        succeeded_jobs=succeeded,
+        requests_by_second=[per_second.get(s, 0) for s in range(max(per_second) + 1)],
+    )
+
+
+# --- jitter spread without workers --------------------------------------------------
+def cohort_spread(cohort: int = 1000) -> list[dict]:
+    """How each jitter spreads `cohort` retries of tasks that failed at the same instant."""
+    rows = []
+    rng = random.Random(42)
+    base, cap = 1.0, 60.0
+    for attempt, label in [(3, "attempt 3 (4 s)"), (5, "attempt 5 (16 s)"), (30, "at the cap")]:
+        for jitter in ["none", *JITTERS]:
+            previous = min(cap, base * 2 ** (attempt - 2))
+            delays = [
+                backoff_delay(
+                    attempt, base=base, cap=cap, jitter=jitter, previous=previous, rng=rng
+                )
+                for _ in range(cohort)
+            ]
+            buckets = Counter(int(delay) for delay in delays)
+            rows.append(
+                {
+                    "when": label,
+                    "jitter": jitter,
+                    "peak_in_one_second": max(buckets.values()),
+                    "mean_delay": round(sum(delays) / cohort, 1),
+                    "shortest": round(min(delays), 2),
+                }
+            )
+    return rows
+
+
+# --- report -------------------------------------------------------------------------
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(row[c])) for row in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+
+
+RESULT_COLUMNS = [
+    "name", "requests", "requests_per_job", "retries", "succeeded", "failed",
+    "drain_seconds", "peak_per_second", "peak_per_second_after_outage", "parked",
+    "breaker_opened",
+]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=200, help="unique audits per run")
+    parser.add_argument("--rate", type=float, default=5.0, help="submissions per second")
+    parser.add_argument("--slow-at", type=float, default=4.0)
+    parser.add_argument("--fail-at", type=float, default=10.0)
+    parser.add_argument("--recover-at", type=float, default=34.0)
+    parser.add_argument("--slow-min", type=float, default=0.5, help="slow answer, seconds")
+    parser.add_argument("--slow-max", type=float, default=3.0)
+    parser.add_argument("--workers", type=int, default=1, help="worker processes groups")
+    parser.add_argument("--concurrency", type=int, default=8, help="pool processes per worker")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to drain, per run")
+    parser.add_argument("--jitter-study", action="store_true", help="also each jitter, no breaker")
+    parser.add_argument("--only", choices=sorted(POLICIES), help="run one policy (no comparison)")
+    parser.add_argument("--flush-redis", action="store_true", help="empty a Redis that has keys")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--worker-log", type=Path, help="append the workers' output here")
+    args = parser.parse_args()
+
+    logging.getLogger("audits").setLevel(logging.WARNING)  # one line per submission otherwise
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    if client.dbsize() and not args.flush_redis:
+        print(f"{settings.REDIS_URL} holds keys; this script empties it. Use --flush-redis.")
+        return 2
+
+    print("Jitter spread of 1000 retries that failed at the same instant (base 1 s, cap 60 s):")
+    spread = cohort_spread()
+    print_table(spread, ["when", "jitter", "peak_in_one_second", "mean_delay", "shortest"])
+    print()
+
+    bench_name = f"{connection.settings_dict['NAME']}_bench"
+    if connection.vendor == "sqlite":
+        bench_name = str(Path(settings.VAR_DIR) / "bench.sqlite3")
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = bench_name
+    old_config = setup_databases(verbosity=0, interactive=False)
+    runs = {args.only: POLICIES[args.only]} if args.only else dict(POLICIES)
+    if args.jitter_study:
+        for jitter in JITTERS:
+            runs[f"{jitter}, no breaker"] = {"RETRY_JITTER": jitter, "BREAKER_ENABLED": "false"}
+    results: list[RunResult] = []
+    try:
+        for name, env in runs.items():
+            results.append(run(name, env, args, client))
+            print_table([asdict(results[-1])], RESULT_COLUMNS)
+    finally:
+        client.flushdb()
+        teardown_databases(old_config, verbosity=0)
+
+    print(
+        f"\n{args.jobs} jobs at {args.rate}/s; downstream slow from {args.slow_at:g} s, "
+        f"503 from {args.fail_at:g} s to {args.recover_at:g} s; "
+        f"{args.workers} worker(s) x {args.concurrency} processes.\n"
+    )
+    print_table([asdict(r) for r in results], RESULT_COLUMNS)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"spread": spread, "runs": [asdict(r) for r in results]}, indent=2)
+        )
+    if args.only:
+        return 0
+    old, new = results[0], results[1]
+    lost = sorted(set(old.succeeded_jobs) - set(new.succeeded_jobs))
+    peak_ratio = new.peak_per_second_after_outage / max(1, old.peak_per_second_after_outage)
+    goals = [
+        ("new policy: at most 1.3 requests per unique job", new.requests_per_job <= 1.3),
+        ("no job the old policy completed is lost", not lost),
+        (f"peak after the outage at most half the old one's ({peak_ratio:.2f})", peak_ratio <= 0.5),
+    ]
+    print(
+        f"\nratios: requests per job new/old {new.requests_per_job / old.requests_per_job:.2f}, "
+        f"retries new/old {new.retries / max(1, old.retries):.2f}, "
+        f"peak after outage new/old {peak_ratio:.2f}, "
+        f"drain time new/old {new.drain_seconds / old.drain_seconds:.2f}"
+    )
+    for goal, met in goals:
+        print(f"  [{'x' if met else ' '}] {goal}")
+    if lost:
+        print(f"  lost jobs: {lost}")
+    return 0 if all(met for _, met in goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

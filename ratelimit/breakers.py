@@ -1,0 +1,243 @@
+"""Circuit breakers per (task type, downstream host), shared by every worker through Redis.
+
+closed     calls go through; their outcomes fill a sliding window of one-second
+           buckets. When the window holds at least BREAKER_MIN_CALLS calls and
+           at least BREAKER_FAILURE_RATE of them failed, the breaker opens.
+open       for BREAKER_OPEN_SECONDS nothing goes through: tasks are parked.
+half_open  BREAKER_HALF_OPEN_PROBES calls go through as probes, the rest are
+           parked. One failed probe opens the breaker again; once every probe
+           has succeeded it closes.
+
+Parked tasks are given release times one after another, first come first
+served, starting at the end of the open period, at the rate the key was being
+called when the breaker opened (its window's calls per second). However long
+the outage and however many tasks it parked, they come back at about the rate
+the downstream was taking before, not all within one open period: a ten-minute
+outage must not end in a burst of ten minutes' work. Each task's release time
+gets up to a second of jitter on top.
+
+Each step is one Lua script, so workers deciding at the same moment see one
+state, and time is Redis's clock, so workers on different hosts agree on it.
+Outcomes of calls that started before the breaker opened are not counted:
+the breaker already acted on what they would say.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from ratelimit.counters import count
+from ratelimit.store import KEY_PREFIX, redis_client
+
+log = logging.getLogger(__name__)
+
+SUCCESS, FAILURE, NO_VERDICT = "success", "failure", "none"
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+_ACQUIRE = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'closed' then return {'allow', '0', ''} end
+-- The next free release time at or after `earliest`, one every 1/rate seconds.
+local function release_after(earliest)
+  local rate = tonumber(redis.call('HGET', KEYS[1], 'release_rate') or ARGV[3])
+  local at = math.max(earliest, tonumber(redis.call('HGET', KEYS[1], 'next_release') or '0'))
+  redis.call('HSET', KEYS[1], 'next_release', tostring(at + 1 / rate))
+  return tostring(at - now)
+end
+local transition = ''
+if state == 'open' then
+  local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
+  if now < open_until then return {'open', release_after(open_until), ''} end
+  redis.call('HSET', KEYS[1], 'state', 'half_open', 'changed_at', tostring(now),
+             'probes_started', 0, 'probe_successes', 0, 'probes_since', tostring(now))
+  transition = 'half_opened'
+end
+if now - tonumber(redis.call('HGET', KEYS[1], 'probes_since')) > tonumber(ARGV[1]) then
+  -- Probes that never reported (their worker died): let others take their place.
+  redis.call('HSET', KEYS[1], 'probes_started', redis.call('HGET', KEYS[1], 'probe_successes'),
+             'probes_since', tostring(now))
+end
+if tonumber(redis.call('HGET', KEYS[1], 'probes_started')) < tonumber(ARGV[2]) then
+  redis.call('HINCRBY', KEYS[1], 'probes_started', 1)
+  return {'probe', '0', transition}
+end
+-- The probes are out: wait at least a moment for their verdict.
+return {'half_open', release_after(now + 1), transition}
+"""
+
+_RECORD = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local outcome, probe = ARGV[1], ARGV[2]
+local window, min_calls, rate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local open_seconds, probes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+local function open(release_rate)
+  redis.call('HSET', KEYS[1], 'state', 'open', 'changed_at', tostring(now),
+             'opened_at', tostring(now), 'open_until', tostring(now + open_seconds))
+  if release_rate then redis.call('HSET', KEYS[1], 'release_rate', tostring(release_rate)) end
+  redis.call('DEL', KEYS[2])
+end
+if probe == '1' and state == 'half_open' then
+  if outcome == 'failure' then
+    open(nil)
+    return {'reopened', '0', '0'}
+  elseif outcome == 'success' then
+    if redis.call('HINCRBY', KEYS[1], 'probe_successes', 1) >= probes then
+      redis.call('HSET', KEYS[1], 'state', 'closed', 'changed_at', tostring(now))
+      redis.call('DEL', KEYS[2])
+      return {'closed', '0', '0'}
+    end
+  else
+    -- The probe said nothing about the downstream: let another one go.
+    redis.call('HINCRBY', KEYS[1], 'probes_started', -1)
+  end
+  return {'', '0', '0'}
+end
+if state ~= 'closed' or outcome == 'none' then return {'', '0', '0'} end
+local second = math.floor(now)
+redis.call('HINCRBY', KEYS[2], 'c:' .. second, 1)
+if outcome == 'failure' then redis.call('HINCRBY', KEYS[2], 'f:' .. second, 1) end
+local calls, failures, oldest = 0, 0, second
+local buckets = redis.call('HGETALL', KEYS[2])
+for i = 1, #buckets, 2 do
+  local field = buckets[i]
+  local bucket = tonumber(string.sub(field, 3))
+  if bucket <= second - window then
+    redis.call('HDEL', KEYS[2], field)
+  elseif string.sub(field, 1, 1) == 'c' then
+    calls = calls + tonumber(buckets[i + 1])
+    oldest = math.min(oldest, bucket)
+  else
+    failures = failures + tonumber(buckets[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[2], window + 60)
+if calls >= min_calls and failures >= rate * calls then
+  -- Calls per second over the part of the window that saw calls.
+  open(calls / (second - oldest + 1))
+  return {'opened', tostring(calls), tostring(failures)}
+end
+return {'', tostring(calls), tostring(failures)}
+"""
+
+_CLOSE = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+redis.call('HSET', KEYS[1], 'state', 'closed', 'changed_at', tostring(now))
+redis.call('DEL', KEYS[2])
+return state
+"""
+
+
+@dataclass(frozen=True)
+class Permit:
+    """What the breaker said to one call: allow, probe, open or half_open.
+
+    `release_in` is, for a refused call, the seconds until its release time.
+    """
+
+    decision: str
+    release_in: float = 0.0
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision in ("allow", "probe")
+
+    @property
+    def probe(self) -> bool:
+        return self.decision == "probe"
+
+    def park_delay(self, rng: random.Random | None = None) -> float:
+        """How long a refused call is parked: until its release time, plus up to a second."""
+        return self.release_in + (rng or random).uniform(0, 1.0)
+
+
+class Breaker:
+    def __init__(self, task_name: str, host: str):
+        self.task_name = task_name
+        self.host = host
+        self.key = f"{KEY_PREFIX}breaker:{task_name}:{host}"
+        self.window_key = f"{self.key}:window"
+
+    def acquire(self) -> Permit:
+        decision, release_in, transition = redis_client().eval(
+            _ACQUIRE, 1, self.key,
+            settings.BREAKER_OPEN_SECONDS, settings.BREAKER_HALF_OPEN_PROBES,
+            # The slowest release rate a breaker can have measured when it opened.
+            settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
+        )  # fmt: skip
+        if transition:
+            self._transitioned(transition.decode())
+        return Permit(decision.decode(), float(release_in))
+
+    def record(self, permit: Permit, outcome: str) -> None:
+        transition, calls, failures = redis_client().eval(
+            _RECORD, 2, self.key, self.window_key,
+            outcome, "1" if permit.probe else "0",
+            settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
+            settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
+            settings.BREAKER_HALF_OPEN_PROBES,
+        )  # fmt: skip
+        if transition:
+            self._transitioned(transition.decode(), calls=int(calls), failures=int(failures))
+
+    def close(self, *, by: str) -> str:
+        """Close the breaker by hand; return the state it was in."""
+        previous = redis_client().eval(_CLOSE, 2, self.key, self.window_key).decode()
+        self._transitioned("closed_by_operator", previous=previous, by=by)
+        return previous
+
+    def state(self) -> dict:
+        """The live state: {"state": ..., "open_until": epoch or None, ...}."""
+        raw = {k.decode(): v.decode() for k, v in redis_client().hgetall(self.key).items()}
+        state = raw.get("state", CLOSED)
+        return {
+            "state": state,
+            "changed_at": float(raw["changed_at"]) if "changed_at" in raw else None,
+            "open_until": float(raw["open_until"]) if state == OPEN else None,
+            "release_rate": float(raw["release_rate"]) if "release_rate" in raw else None,
+            "next_release": float(raw["next_release"]) if "next_release" in raw else None,
+            "probes_started": int(raw.get("probes_started", 0)),
+            "probe_successes": int(raw.get("probe_successes", 0)),
+        }
+
+    def _transitioned(self, transition: str, **fields) -> None:
+        record_transition(self, transition, **fields)
+
+
+def record_transition(breaker: Breaker, transition: str, **fields) -> None:
+    """Log, count and mirror (for the admin) one change of a breaker's state."""
+    from ratelimit.models import CircuitBreaker
+
+    log.info(
+        f"breaker.{transition}",
+        extra={"task": breaker.task_name, "host": breaker.host, **fields},
+    )
+    count(f"breaker.{transition}", task=breaker.task_name, host=breaker.host)
+    live = breaker.state()
+    open_until = live["open_until"]
+    CircuitBreaker.objects.update_or_create(
+        task_name=breaker.task_name,
+        host=breaker.host,
+        defaults={
+            "state": live["state"],
+            "changed_at": timezone.now(),
+            "last_transition": transition,
+            "open_until": datetime.fromtimestamp(open_until, tz=UTC) if open_until else None,
+        },
+    )
+    if transition in ("opened", "reopened"):
+        CircuitBreaker.objects.filter(task_name=breaker.task_name, host=breaker.host).update(
+            times_opened=F("times_opened") + 1
+        )

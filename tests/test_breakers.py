@@ -1,0 +1,183 @@
+"""The circuit breaker's states against the real Redis, called directly."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ratelimit import counters
+from ratelimit.breakers import FAILURE, NO_VERDICT, SUCCESS, Breaker
+from ratelimit.models import CircuitBreaker
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def breaker(settings, redis_client):
+    settings.BREAKER_MIN_CALLS = 4
+    settings.BREAKER_FAILURE_RATE = 0.5
+    settings.BREAKER_WINDOW_SECONDS = 30
+    settings.BREAKER_OPEN_SECONDS = 0.5
+    settings.BREAKER_HALF_OPEN_PROBES = 2
+    return Breaker("audits.run_audit", "downstream.example")
+
+
+def call(breaker: Breaker, outcome: str):
+    permit = breaker.acquire()
+    if permit.allowed:
+        breaker.record(permit, outcome)
+    return permit
+
+
+def open_it(breaker: Breaker) -> None:
+    for _ in range(4):
+        call(breaker, FAILURE)
+    assert breaker.state()["state"] == "open"
+
+
+def wait_until_open_period_ends(breaker: Breaker) -> None:
+    time.sleep(max(0.0, breaker.state()["open_until"] - time.time()) + 0.05)
+
+
+def test_it_stays_closed_below_the_minimum_number_of_calls(breaker):
+    for _ in range(3):
+        call(breaker, FAILURE)
+    assert breaker.state()["state"] == "closed"
+    assert breaker.acquire().allowed
+
+
+def test_it_stays_closed_while_the_failure_rate_is_under_the_threshold(breaker):
+    for outcome in [SUCCESS, FAILURE, SUCCESS, SUCCESS, FAILURE, SUCCESS, SUCCESS]:
+        call(breaker, outcome)
+    assert breaker.state()["state"] == "closed"
+
+
+def test_it_opens_when_the_failure_rate_crosses_the_threshold(breaker):
+    for outcome in [SUCCESS, FAILURE, SUCCESS, FAILURE]:
+        call(breaker, outcome)
+    state = breaker.state()
+    assert state["state"] == "open"
+    assert 0 < state["open_until"] - time.time() <= 0.5
+    permit = breaker.acquire()
+    assert not permit.allowed and permit.decision == "open"
+    # Parked at least until the open period ends, with up to a second of jitter.
+    assert 0 < permit.release_in <= 0.5
+    assert permit.release_in <= permit.park_delay() <= permit.release_in + 1
+
+
+def test_parked_calls_are_released_no_faster_than_calls_came_before_it_opened(breaker):
+    open_it(breaker)  # four calls within a second or two: 2 to 4 calls per second
+    open_until = breaker.state()["open_until"]
+    rate = breaker.state()["release_rate"]
+    assert 2 <= rate <= 4
+    releases = [time.time() + breaker.acquire().release_in for _ in range(12)]
+    # First come, first served, one every 1/rate seconds from the end of the open period.
+    assert abs(releases[0] - open_until) < 0.05
+    gaps = [later - earlier for earlier, later in zip(releases, releases[1:], strict=False)]
+    assert all(abs(gap - 1 / rate) < 0.05 for gap in gaps), gaps
+
+
+def test_calls_that_say_nothing_about_the_downstream_are_not_counted(breaker):
+    for _ in range(10):
+        call(breaker, NO_VERDICT)
+    call(breaker, FAILURE)
+    assert breaker.state()["state"] == "closed"
+
+
+def test_old_failures_slide_out_of_the_window(breaker, settings):
+    settings.BREAKER_WINDOW_SECONDS = 1
+    for _ in range(3):
+        call(breaker, FAILURE)
+    time.sleep(2.1)
+    call(breaker, FAILURE)
+    assert breaker.state()["state"] == "closed"
+
+
+def test_after_the_open_period_only_the_probes_go_through(breaker):
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    first, second, third = breaker.acquire(), breaker.acquire(), breaker.acquire()
+    assert (first.decision, second.decision, third.decision) == ("probe", "probe", "half_open")
+    assert breaker.state()["state"] == "half_open"
+    # The others wait at least a second for the probes' verdict.
+    assert third.release_in >= 1.0
+
+
+def test_it_closes_once_every_probe_has_succeeded(breaker):
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    probes = [breaker.acquire(), breaker.acquire()]
+    breaker.record(probes[0], SUCCESS)
+    assert breaker.state()["state"] == "half_open"
+    breaker.record(probes[1], SUCCESS)
+    assert breaker.state()["state"] == "closed"
+    assert breaker.acquire().decision == "allow"
+
+
+def test_a_failed_probe_opens_it_again(breaker):
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    probe = breaker.acquire()
+    breaker.record(probe, FAILURE)
+    assert breaker.state()["state"] == "open"
+    assert breaker.acquire().decision == "open"
+
+
+def test_probes_that_never_report_are_replaced(breaker):
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    assert [breaker.acquire().decision for _ in range(3)] == ["probe", "probe", "half_open"]
+    # Their workers died: after an open period without a verdict, new probes go.
+    time.sleep(0.6)
+    assert breaker.acquire().decision == "probe"
+
+
+def test_workers_racing_for_probes_get_exactly_the_allowed_number(breaker, settings):
+    settings.BREAKER_HALF_OPEN_PROBES = 4
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    # The first caller half-opens it (and writes the admin's row in this
+    # test's transaction, which the threads could not see): take it here.
+    assert breaker.acquire().decision == "probe"
+    decisions: list[str] = []
+    start = threading.Barrier(20)
+
+    def racer():
+        start.wait()
+        decisions.append(breaker.acquire().decision)
+
+    threads = [threading.Thread(target=racer) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert decisions.count("probe") == 3
+    assert decisions.count("half_open") == 17
+
+
+def test_transitions_are_counted_and_mirrored_for_the_admin(breaker):
+    open_it(breaker)
+    mirror = CircuitBreaker.objects.get(task_name="audits.run_audit", host="downstream.example")
+    assert (mirror.state, mirror.last_transition, mirror.times_opened) == ("open", "opened", 1)
+    assert mirror.open_until is not None
+    wait_until_open_period_ends(breaker)
+    probes = [breaker.acquire(), breaker.acquire()]
+    for probe in probes:
+        breaker.record(probe, SUCCESS)
+    mirror.refresh_from_db()
+    assert (mirror.state, mirror.last_transition) == ("closed", "closed")
+    labels = {"task": "audits.run_audit", "host": "downstream.example"}
+    assert counters.read("breaker.opened", **labels) == 1
+    assert counters.read("breaker.half_opened", **labels) == 1
+    assert counters.read("breaker.closed", **labels) == 1
+
+
+def test_transitions_are_logged_as_key_value_events(breaker, caplog):
+    with caplog.at_level("INFO", logger="ratelimit.breakers"):
+        open_it(breaker)
+    (record,) = [r for r in caplog.records if r.getMessage() == "breaker.opened"]
+    assert record.host == "downstream.example"
+    assert record.task == "audits.run_audit"
+    assert (record.calls, record.failures) == (4, 4)

@@ -1,0 +1,147 @@
+"""Parking with real workers: open breakers and long Retry-After waits hold tasks outside the broker."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+
+from audits import services
+from audits.models import Audit
+from audits.targets import normalize_url
+from ratelimit import counters, parking
+from ratelimit.breakers import FAILURE, Breaker
+from ratelimit.models import CircuitBreaker, DeadLetter
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+FAST_SWEEP = {"PARKED_SWEEP_INTERVAL_SECONDS": "0.2"}
+
+
+def submit(url: str) -> Audit:
+    return services.submit_audit(normalize_url(url))
+
+
+def status_of(audit: Audit) -> str:
+    return Audit.objects.get(id=audit.id).status
+
+
+def parked() -> list[dict]:
+    return parking.parked_entries(settings.AUDIT_QUEUE)
+
+
+def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
+    site, start_worker, settings, redis_client
+):
+    worker = start_worker(
+        "audits",
+        env={**FAST_SWEEP, "BREAKER_OPEN_SECONDS": "1", "BREAKER_HALF_OPEN_PROBES": "1"},
+    )
+    settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 3
+    breaker = Breaker("audits.run_audit", "127.0.0.1")
+    for _ in range(2):
+        breaker.record(breaker.acquire(), FAILURE)
+    assert breaker.state()["state"] == "open"
+
+    audit = submit(f"{site.base_url}/")
+    (entry,) = wait_for(parked, timeout=15, message="the audit to be parked")
+    assert entry["reason"] == "breaker open for 127.0.0.1"
+    assert entry["signature"]["options"]["task_id"] == audit.task_id
+    assert entry["signature"]["options"]["retries"] == 0
+    assert entry["signature"]["args"] == [str(audit.id)]
+    # Not started, so not an attempt; nothing went to the downstream.
+    row = Audit.objects.get(id=audit.id)
+    assert (row.status, row.attempts) == ("queued", 0)
+    assert site.hits["/"] == 0
+
+    wait_for(lambda: status_of(audit) == "succeeded", timeout=20, message="the audit to run")
+    assert Audit.objects.get(id=audit.id).attempts == 1, worker.output()
+    assert site.hits["/"] == 1
+    assert "task.retry" not in worker.output()
+    # It was the probe that closed the breaker (just after the audit finished).
+    wait_for(
+        lambda: CircuitBreaker.objects.get(host="127.0.0.1").last_transition == "closed",
+        timeout=5, message="the probe to close the breaker",
+    )  # fmt: skip
+    assert breaker.state()["state"] == "closed"
+
+
+def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstream(
+    site, start_worker, redis_client
+):
+    worker = start_worker(
+        "audits",
+        env={
+            **FAST_SWEEP,
+            "BREAKER_MIN_CALLS": "3",
+            "BREAKER_FAILURE_RATE": "0.5",
+            "BREAKER_OPEN_SECONDS": "1.5",
+            "BREAKER_HALF_OPEN_PROBES": "1",
+            "RETRY_BACKOFF_BASE_SECONDS": "0.2",
+        },
+    )
+    # One downstream that fails its first four requests, whoever makes them.
+    audits = [submit(f"{site.base_url}/flaky?key=shared&fail=4") for _ in range(6)]
+
+    def all_succeeded():
+        return all(status_of(audit) == "succeeded" for audit in audits)
+
+    try:
+        wait_for(all_succeeded, timeout=60, message="every audit to succeed")
+    except AssertionError:
+        print(worker.output())
+        raise
+    labels = {"task": "audits.run_audit", "host": "127.0.0.1"}
+    # Three failures open it; the first probe meets the fourth failure and
+    # opens it again; the next probe succeeds and closes it.
+    assert counters.read("breaker.opened", **labels) == 1
+    assert counters.read("breaker.reopened", **labels) == 1
+    assert counters.read("breaker.half_opened", **labels) == 2
+    assert counters.read("breaker.closed", **labels) == 1
+    assert counters.read("task.parked", task="audits.run_audit", reason="breaker") >= 3
+    # Four failures and one success per audit: nothing hammered the downstream while it was down.
+    assert site.flaky_counts["shared"] == 4 + len(audits)
+    assert not DeadLetter.objects.exists()
+    assert not parked()
+
+
+def test_a_retry_after_longer_than_a_worker_may_hold_is_parked_and_waited_in_full(
+    site, start_worker, redis_client
+):
+    # Visibility 75 s - (1 s fetch + 60 s) hard time limit - 10 s margin:
+    # a worker may hold a countdown of at most 4 s.
+    worker = start_worker(
+        "audits",
+        env={
+            **FAST_SWEEP,
+            "AUDIT_FETCH_TIMEOUT_SECONDS": "1",
+            "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "75",
+        },
+    )
+    long_wait = submit(f"{site.base_url}/busy?key=long&fail=1&retry_after=6")
+    short_wait = submit(f"{site.base_url}/busy?key=short&fail=1&retry_after=2")
+
+    (entry,) = wait_for(parked, timeout=15, message="the long wait to be parked")
+    assert entry["reason"] == "retry"
+    assert entry["signature"]["options"]["task_id"] == long_wait.task_id
+    # A retry: it has used its first attempt.
+    assert entry["signature"]["options"]["retries"] == 1
+    assert status_of(long_wait) == "retrying"
+
+    # Held by nobody once the first attempt's message is acknowledged: neither
+    # queued nor kept unacknowledged (as an ETA would be) by a worker.
+    def in_the_broker() -> bool:
+        held = redis_client.hvals(f"unacked:{settings.AUDIT_QUEUE}")
+        queued = redis_client.lrange(settings.AUDIT_QUEUE, 0, -1)
+        return any(long_wait.task_id.encode() in message for message in held + queued)
+
+    wait_for(lambda: not in_the_broker(), timeout=3, message="the first attempt's ack")
+    assert parked()
+
+    for audit in (long_wait, short_wait):
+        wait_for(lambda a=audit: status_of(a) == "succeeded", timeout=30, message="success")
+    for key, retry_after in (("long", 6), ("short", 2)):
+        first, second = site.request_times[key]
+        assert second - first >= retry_after, (key, worker.output())
+    assert Audit.objects.get(id=long_wait.id).attempts == 2
+    assert not parked()
