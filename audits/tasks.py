@@ -8,9 +8,9 @@ from django.conf import settings
 from audits import backlog, linkcheck, services
 from audits.fetch import TransientFetchError
 from audits.models import Audit
+from ratelimit import parking
 from ratelimit.admission import RateLimited
 from ratelimit.deadletters import CannotReplay, MalformedTaskMessage
-from ratelimit import parking
 from ratelimit.retry import PlumbTask, defer, deferrals
 
 # A page whose host keeps rate-limiting us is deferred this often (no attempt

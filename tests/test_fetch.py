@@ -9,6 +9,7 @@ import pytest
 from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, TransientFetchError, fetch_page
 from audits.targets import InvalidURL, normalize_url
+from ratelimit.admission import RateLimited
 
 # Every fetch asks admission about its host; a host never seen is looked up in the database.
 pytestmark = pytest.mark.django_db
@@ -97,12 +98,19 @@ def test_a_500_is_transient_and_the_page_recovers(site):
     assert fetch(url).status_code == 200
 
 
-def test_a_retry_after_on_a_503_is_kept(site):
+def test_a_retry_after_on_a_503_is_kept_and_holds_the_host(site):
     # The parser itself is tested in test_retry.
     with pytest.raises(TransientFetchError) as failure:
         fetch(f"{site.base_url}/busy?key=ra&fail=1&retry_after=120")
     assert failure.value.status_code == 503
     assert failure.value.retry_after == 120
+    # The host asked for 120 s: the next call to it waits without a request.
+    with pytest.raises(RateLimited):
+        fetch(f"{site.base_url}/flaky?key=no-ra&fail=1")
+    assert site.hits["/flaky"] == 0
+
+
+def test_a_500_without_retry_after_leaves_the_delay_to_the_policy(site):
     with pytest.raises(TransientFetchError) as failure:
         fetch(f"{site.base_url}/flaky?key=no-ra&fail=1")
     assert failure.value.retry_after is None
