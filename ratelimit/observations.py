@@ -16,12 +16,11 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
 
 import redis
-from django.conf import settings
 from django.db import models
 
+from config.redis import redis_client
 from ratelimit.headers import LimitHeaders
 
 log = logging.getLogger(__name__)
@@ -172,12 +171,9 @@ class Observation:
         return until
 
 
-@lru_cache(maxsize=1)
 def shared_redis() -> redis.Redis:
-    """One connection pool per process (redis-py re-creates it after a fork)."""
-    return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
-    )
+    """The project's Redis client (config.redis): one per process and URL."""
+    return redis_client()
 
 
 def hot_key(key: str, resource: str) -> str:

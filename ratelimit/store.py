@@ -1,19 +1,12 @@
-"""Plumb's shared state in Redis (breakers, parked tasks, counters): one client per process."""
+"""Plumb's shared state in Redis (breakers, parked tasks, counters).
+
+The client is the project's one (config.redis): one per process and URL, failing fast.
+"""
 
 from __future__ import annotations
 
-import functools
+from config.redis import redis_client
 
-import redis
-from django.conf import settings
+__all__ = ["KEY_PREFIX", "redis_client"]
 
 KEY_PREFIX = "plumb:"
-
-
-@functools.cache
-def redis_client() -> redis.Redis:
-    # redis-py notices a fork and opens fresh connections in the child, so
-    # one cached client serves every pool process.
-    return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
-    )
