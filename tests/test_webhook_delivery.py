@@ -41,11 +41,12 @@ def receiver():
 
 
 def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(
-    site, receiver, start_worker
+    site, receiver, start_worker, caplog
 ):
+    caplog.set_level("DEBUG")
     hook = receiver()
-    start_worker("audits")
-    start_webhooks_worker(start_worker)
+    audits_worker = start_worker("audits")
+    webhooks_worker = start_webhooks_worker(start_worker)
     audit = services.submit_audit(
         normalize_url(f"{site.base_url}/"), callback_url=hook.url, callback_secret=SECRET
     )
@@ -73,6 +74,11 @@ def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(
 
     row = Delivery.objects.get(audit_id=audit.id)
     assert row.status == "delivered" and row.attempts == 1 and row.last_status_code == 200
+
+    # The secret never reaches a log line, in this process or the workers'.
+    key = SECRET.removeprefix("whsec_")
+    for text in (caplog.text, audits_worker.output(), webhooks_worker.output()):
+        assert SECRET not in text and key not in text
     assert request.webhook_id == row.webhook_id
 
 
