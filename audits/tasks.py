@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import uuid
 
 from celery import shared_task
@@ -11,7 +12,9 @@ from audits.models import Audit
 from ratelimit import parking
 from ratelimit.admission import RateLimited
 from ratelimit.deadletters import CannotReplay, MalformedTaskMessage
-from ratelimit.retry import PlumbTask, defer, deferrals
+from ratelimit.retry import DATABASE_UNAVAILABLE, PlumbTask, defer, deferrals
+
+log = logging.getLogger(__name__)
 
 # A page whose host keeps rate-limiting us is deferred this often (no attempt
 # spent) before its waits start counting as attempts, so it fails in the end.
@@ -24,6 +27,8 @@ AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
 
 class AuditTask(PlumbTask):
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+    # Only the page's own failures count against its host's breaker (not a database outage).
+    downstream_failures = (TransientFetchError,)
 
     def downstream_host(self, args, kwargs):
         audit_id = args[0] if args else kwargs.get("audit_id")
@@ -42,7 +47,13 @@ class AuditTask(PlumbTask):
         return None if status in Audit.FINISHED else domain
 
     def before_retry(self, exc, countdown, *, args, kwargs):
-        services.mark_retrying(args[0], error=f"attempt {self.request.retries + 1} failed: {exc}")
+        try:
+            services.mark_retrying(
+                args[0], error=f"attempt {self.request.retries + 1} failed: {exc}"
+            )
+        except DATABASE_UNAVAILABLE:
+            # The retry must still be published when the database is what failed.
+            log.warning("audit.retry_not_recorded", extra={"audit_id": args[0]})
         if countdown > parking.longest_held_delay(self):
             # Parked in Redis, not held in `unacked:audits`: still owed a slot.
             backlog.note_parked(args[0], countdown)
@@ -71,7 +82,7 @@ class AuditTask(PlumbTask):
     base=AuditTask,
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
-    autoretry_for=(TransientFetchError,),
+    autoretry_for=(TransientFetchError, *DATABASE_UNAVAILABLE),
     soft_time_limit=AUDIT_SOFT_TIME_LIMIT_SECONDS,
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )

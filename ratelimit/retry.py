@@ -28,6 +28,7 @@ from typing import NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
+from django import db
 from django.conf import settings
 from redis import RedisError
 
@@ -35,6 +36,9 @@ from ratelimit import breakers, deadletters, parking
 from ratelimit.deadletters import MalformedTaskMessage
 
 log = logging.getLogger(__name__)
+
+# The database is down or unreachable: worth retrying, never the downstream's fault.
+DATABASE_UNAVAILABLE = (db.OperationalError, db.InterfaceError)
 
 JITTER_LOW, JITTER_HIGH = 0.75, 1.25
 
@@ -161,7 +165,11 @@ class PlumbTask(Task):
         if self.request.called_directly:
             return super().__call__(*args, **kwargs)
         self._check_arguments(args, kwargs)
-        host = self.downstream_host(args, kwargs)
+        try:
+            host = self.downstream_host(args, kwargs)
+        except DATABASE_UNAVAILABLE as exc:
+            # The database, not the message, is at fault: try again like any outage.
+            raise self.retry(exc=exc) from exc
         if host is None or not settings.BREAKER_ENABLED:
             return super().__call__(*args, **kwargs)
 
