@@ -51,7 +51,7 @@ from audits.models import Audit, Page  # noqa: E402
 from audits.tasks import run_audit  # noqa: E402
 from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
 from config.redis import LuaScript, redis_client  # noqa: E402
-from ratelimit import admission  # noqa: E402
+from ratelimit import submissions as admission  # noqa: E402
 
 HELD_COUNTS = (100, 100_000)
 QUEUE = settings.AUDIT_QUEUE
