@@ -435,6 +435,7 @@ def record_admission(
     in_backoff: bool,
     backlog: int | None = None,
     now: float | None = None,
+    write: bool = True,
     **seen,
 ) -> None:
     """A submission was admitted or refused. A refusal logs `admission.refused` with the
@@ -447,13 +448,24 @@ def record_admission(
             extra={"reason": decision, "backlog": backlog, "in_backoff": in_backoff, **seen},
         )
 
-    def write(r: _Recorder) -> None:
+    if not write:
+        return  # counted by the caller in its own atomic step (admission_metric_keys)
+
+    def write_counts(r: _Recorder) -> None:
         r.count(ADMISSION_DECISIONS_METRIC, decision, _flag(in_backoff))
         r.bump(Field.admissions(decision))
         if in_backoff:
             r.bump(Field.admissions_in_backoff(decision))
 
-    _record("admission", write, now)
+    _record("admission", write_counts, now)
+
+
+def admission_metric_keys(now: float | None = None) -> tuple[str, str, int]:
+    """Where an admission decision is counted: the Prometheus counter's hash, this
+    minute's dashboard bucket and that bucket's expiry. For the admission script,
+    which counts its decision in the same atomic step that makes it."""
+    minute = minute_of(now)
+    return counter_key(ADMISSION_DECISIONS_METRIC), minute_key(minute), _expiry(minute)
 
 
 def record_breaker_transition(

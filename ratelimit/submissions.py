@@ -46,7 +46,7 @@ from audits.backlog import (
     parked_grace_seconds,
 )
 from config.redis import LuaScript, redis_client
-from observability.metrics import record_admission
+from observability.metrics import admission_metric_keys, record_admission
 from ratelimit.buckets import TOKEN_BUCKET_LUA, BucketAnswer, submit_bucket_key
 from reaudit.services import count_scheduled
 
@@ -59,8 +59,8 @@ IN_BACKOFF_SUFFIX = "_in_backoff"
 # the clients refused together from all coming back in the same second.
 BACKLOG_RETRY_AFTER_SECONDS = (5, 15)
 
-# KEYS: bucket, counts, then backlog_keys(). ARGV: burst, tokens per second,
-# max depth, parked grace.
+# KEYS: bucket, counts, metrics counter, metrics minute bucket, then backlog_keys().
+# ARGV: burst, tokens per second, max depth, parked grace, bucket expiry.
 _ADMIT = LuaScript(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
@@ -69,7 +69,7 @@ _ADMIT = LuaScript(
 local now = redis_now()
 local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
-local waiting, retrying, running = audit_backlog(3, now, tonumber(ARGV[4]))
+local waiting, retrying, running = audit_backlog(5, now, tonumber(ARGV[4]))
 local decision = 'admitted'
 if tokens < 1 then
   decision = 'refused_ip'
@@ -82,6 +82,17 @@ redis.call('HINCRBY', KEYS[2], decision, 1)
 if retrying > 0 then
   redis.call('HINCRBY', KEYS[2], decision .. '_in_backoff', 1)
 end
+-- The metrics (observability.metrics.admission_metric_keys) in the same step, so a
+-- decision costs one round trip: the counter's field is its labels as JSON.
+local in_backoff = 'false'
+if retrying > 0 then in_backoff = 'true' end
+local counter, bucket = KEYS[3], KEYS[4]
+redis.call('HINCRBY', counter, '["' .. decision .. '", "' .. in_backoff .. '"]', 1)
+redis.call('HINCRBY', bucket, 'admissions:' .. decision, 1)
+if retrying > 0 then
+  redis.call('HINCRBY', bucket, 'admissions_in_backoff:' .. decision, 1)
+end
+redis.call('EXPIREAT', bucket, tonumber(ARGV[5]))
 return {decision, tostring(bucket_wait(tokens, per_second)), waiting, retrying, running}
 """
 )
@@ -123,14 +134,16 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
     """Decide one submission from `ip` and count it. Raises AdmissionUnavailable."""
     max_depth = settings.AUDIT_QUEUE_MAX_DEPTH
     try:
+        counter, bucket, bucket_expiry = admission_metric_keys()
         outcome, wait, waiting, retrying, running = _ADMIT(
             client or redis_client(),
-            [submit_bucket_key(ip), COUNTS_KEY, *backlog_keys()],
+            [submit_bucket_key(ip), COUNTS_KEY, counter, bucket, *backlog_keys()],
             [
                 settings.AUDIT_SUBMIT_BURST,
                 settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
                 max_depth,
                 parked_grace_seconds(),
+                bucket_expiry,
             ],
         )
     except redis.RedisError as exc:
@@ -155,11 +168,12 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
 def record_decision(decision: Decision) -> None:
     """Every decision passes here once: the one place to observe admission.
 
-    The Redis counts (`admission_counts`) were taken by the script itself, in the
-    same atomic step as the decision; in-process metrics belong here.
+    The counts (`admission_counts` and the metrics) were taken by the script itself,
+    in the same atomic step as the decision; this logs a refusal with what it saw.
     """
     record_admission(
         decision.outcome,
+        write=False,
         in_backoff=decision.retrying > 0,
         backlog=decision.backlog,
         client_ip=decision.client_ip,

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from audits import backlog
 from audits.backlog import BacklogSnapshot, backlog_snapshot
+from observability.metrics import minute_key, minute_of
 from ratelimit import submissions as admission
 from ratelimit.buckets import client_ip, submit_bucket_key, take_token
 
@@ -228,6 +229,17 @@ def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limit
         "refused_backlog": 1,
         "refused_backlog_in_backoff": 1,
     }
+    # The same decisions reach /metrics and the dashboard, counted in the same step.
+    scraped = metrics_text()
+    assert 'plumb_admission_decisions_total{decision="admitted",in_backoff="false"} 1.0' in scraped
+    assert 'plumb_admission_decisions_total{decision="admitted",in_backoff="true"} 1.0' in scraped
+    assert (
+        'plumb_admission_decisions_total{decision="refused_backlog",in_backoff="true"} 1.0'
+        in scraped
+    )
+    minute = redis_client.hgetall(minute_key(minute_of(None)))
+    assert int(minute[b"admissions:admitted"]) == 2
+    assert int(minute[b"admissions_in_backoff:refused_ip"]) == 1
 
 
 def test_a_refusal_is_logged_with_the_backlog_it_saw(limits, redis_client, caplog):
@@ -246,3 +258,9 @@ def test_it_raises_admission_unavailable_when_redis_is_down(limits):
     limits.REDIS_URL = "redis://127.0.0.1:9/0"
     with pytest.raises(admission.AdmissionUnavailable):
         admission.admit_submission("1.2.3.4")
+
+
+def metrics_text() -> str:
+    from observability.collector import exposition
+
+    return exposition().decode()
