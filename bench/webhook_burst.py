@@ -54,9 +54,9 @@ from django.utils import timezone  # noqa: E402
 
 from audits.models import Audit, Page  # noqa: E402
 from config.celery_app import app  # noqa: E402
+from config.redis import redis_client  # noqa: E402
 from webhooks.models import Delivery  # noqa: E402
 from webhooks.receiver import Receiver  # noqa: E402
-from webhooks.state import redis_client  # noqa: E402
 from webhooks.tasks import deliver_webhook  # noqa: E402
 
 BENCH_PAGE = "https://bench.invalid/webhook-burst"

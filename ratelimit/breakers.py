@@ -33,8 +33,9 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from config.redis import redis_client
 from ratelimit.counters import count
-from ratelimit.store import KEY_PREFIX, redis_client
+from ratelimit.store import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ Prometheus counters without touching the callers.
 
 from __future__ import annotations
 
-from ratelimit.store import KEY_PREFIX, redis_client
+from config.redis import redis_client
+from ratelimit.store import KEY_PREFIX
 
 COUNTERS_KEY = f"{KEY_PREFIX}counters"
 

@@ -24,8 +24,9 @@ from celery import bootsteps, signature
 from django.conf import settings
 from kombu.utils.json import dumps, loads
 
+from config.redis import redis_client
 from ratelimit.counters import count
-from ratelimit.store import KEY_PREFIX, redis_client
+from ratelimit.store import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 

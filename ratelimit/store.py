@@ -1,12 +1,6 @@
-"""Plumb's shared state in Redis (breakers, parked tasks, counters).
+"""Plumb's shared state in Redis (breakers, parked tasks, counters): its key prefix.
 
-The client is the project's one (config.redis): one per process and URL, failing fast.
+The client is the project's one, `config.redis.redis_client`.
 """
-
-from __future__ import annotations
-
-from config.redis import redis_client
-
-__all__ = ["KEY_PREFIX", "redis_client"]
 
 KEY_PREFIX = "plumb:"

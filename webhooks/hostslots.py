@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
-from webhooks.state import redis_client
+from config.redis import redis_client
 
 # TIME is read inside the script so workers with skewed clocks agree.
 _ACQUIRE = """

@@ -26,7 +26,7 @@ import uuid
 
 from celery import current_app
 
-from webhooks.state import redis_client
+from config.redis import redis_client
 
 log = logging.getLogger(__name__)
 
