@@ -11,6 +11,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from audits import services
 from audits.targets import normalize_url
+from ratelimit import counters
 from tests.webhook_helpers import (
     FAST_RETRIES,
     SECRET,
@@ -122,3 +123,39 @@ def test_a_receivers_retry_after_is_obeyed(receiver, start_worker):
     first, second = hook.requests
     assert second.at - first.at >= 3.0
     assert delivery(row).attempts == 2
+
+
+def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
+    receiver, start_worker
+):
+    # Down for its first three seconds, whoever calls.
+    hook = receiver(lambda at, number: 503 if at < 3.0 else 200)
+    worker = start_webhooks_worker(
+        start_worker,
+        WEBHOOK_PER_HOST_CONCURRENCY=1,
+        WEBHOOK_MAX_ATTEMPTS=20,
+        BREAKER_MIN_CALLS=3,
+        BREAKER_FAILURE_RATE=0.5,
+        BREAKER_OPEN_SECONDS=1.0,
+        BREAKER_HALF_OPEN_PROBES=1,
+        PARKED_SWEEP_INTERVAL_SECONDS=0.2,
+        **FAST_RETRIES,
+    )
+    rows = [schedule(hook.url, number=n) for n in range(8)]
+
+    def all_delivered():
+        return all(delivery(row).status == "delivered" for row in rows)
+
+    try:
+        wait_for(all_delivered, timeout=60, message="every delivery")
+    except AssertionError:
+        print(worker.output())
+        raise
+    labels = {"task": "webhooks.deliver", "host": "127.0.0.1"}
+    assert counters.read("breaker.opened", **labels) == 1
+    assert counters.read("task.parked", task="webhooks.deliver", reason="breaker") >= 5
+    # Three failures open it, then one probe per open second while it is down. Retried one
+    # by one instead (every 0.1-0.5 s, eight deliveries), it would have had dozens.
+    assert hook.count(503) <= 3 + 4, worker.output()
+    # And once it is back, each delivery arrives once.
+    assert hook.count(200) == len(rows)

@@ -27,6 +27,7 @@ from audits.api.serializers import AuditSerializer
 from audits.fetch import build_client
 from audits.models import Audit
 from audits.targets import TargetNotAllowed
+from ratelimit.deadletters import MalformedTaskMessage
 from ratelimit.headers import parse_retry_after
 from webhooks.hostslots import host_slot
 from webhooks.models import Delivery
@@ -57,7 +58,7 @@ class PermanentDeliveryError(DeliveryFailed):
     """Another attempt cannot help: any other 4xx, or a forbidden address."""
 
 
-class MalformedDeliveryMessage(ValueError):
+class MalformedDeliveryMessage(MalformedTaskMessage, ValueError):
     """A queue message that does not name a delivery; it is never retried."""
 
 

@@ -4,14 +4,16 @@ import logging
 import uuid
 from datetime import datetime
 
+import httpx
 from celery import shared_task, signals
 from django.conf import settings
 from django.db import OperationalError
 from django.utils import timezone
 
-from ratelimit.retry import PlumbTask, backoff_delay
+from ratelimit.retry import Deferred, PlumbTask, backoff_delay
 from webhooks import deliver, schedule
 from webhooks.deliver import MalformedDeliveryMessage, Outcome, TransientDeliveryError
+from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,20 @@ class WebhookTask(PlumbTask):
     backoff_base_setting = "WEBHOOK_BACKOFF_BASE_SECONDS"
     backoff_max_setting = "WEBHOOK_BACKOFF_MAX_SECONDS"
     backoff_jitter_setting = "WEBHOOK_BACKOFF_JITTER"
+    # A receiver's own failures count against its host's breaker (not a pool timeout).
+    downstream_failures = (TransientDeliveryError,)
+
+    def downstream_host(self, args, kwargs):
+        """The destination host: while it is failing, its deliveries are parked, not tried."""
+        delivery_id, _ = deliver.parse_message(args, kwargs)
+        url = (
+            Delivery.objects.filter(id=delivery_id)
+            .exclude(status__in=Delivery.FINISHED)
+            .values_list("url", flat=True)
+            .first()
+        )
+        # A finished or deleted delivery is skipped by the run itself, without a breaker.
+        return None if url is None else httpx.URL(url).host
 
     def apply_async(
         self, args=None, kwargs=None, task_id=None, countdown=None, eta=None, **options
@@ -67,6 +83,9 @@ class WebhookTask(PlumbTask):
             # The retry must still be published when the database is what failed.
             log.warning("webhook.retry_not_recorded", extra={"delivery_id": args[0]})
 
+    def before_park(self, reason, delay, *, args, kwargs):
+        deliver.mark_retrying(args[0], delay=delay)
+
     def after_final_failure(self, exc, *, args, kwargs):
         if isinstance(exc, MalformedDeliveryMessage):
             log.error("webhook.malformed_message", extra={"error": str(exc)})
@@ -91,6 +110,9 @@ def deliver_webhook(self, *args, **kwargs) -> None:
             "webhook.deferred",
             extra={"delivery_id": delivery_id, "delay_seconds": round(delay, 3)},
         )
+        # Neither a completion nor a verdict on the destination: the copy sent for later is
+        # the delivery now.
+        raise Deferred("destination host busy")
 
 
 # --- The webhooks worker's own machinery ---------------------------------------------
