@@ -28,6 +28,7 @@ from typing import NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
+from celery.worker.request import Request
 from django import db
 from django.conf import settings
 from redis import RedisError
@@ -105,6 +106,25 @@ def retry_delay(
     )
 
 
+class PlumbRequest(Request):
+    """A request whose hard time limit ends in the task's own failure hooks, with its context.
+
+    Celery runs `on_failure` for a hard time limit in the worker's main process, where
+    the task's request stack is empty: the attempt count and headers read there would
+    be a blank request's. The task is dead-lettered (and its audit finished as failed)
+    at once, not left `running` for the reconciler to run again and again.
+    """
+
+    def on_timeout(self, soft, timeout):
+        if soft:
+            return super().on_timeout(soft, timeout)
+        self.task.request_stack.push(self._context)
+        try:
+            return super().on_timeout(soft, timeout)
+        finally:
+            self.task.request_stack.pop()
+
+
 class PlumbTask(Task):
     """Base task: retries, circuit breaker, parking and dead letters.
 
@@ -115,6 +135,7 @@ class PlumbTask(Task):
     """
 
     abstract = True
+    Request = PlumbRequest
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
     # A downstream with its own pace (webhook receivers) names its own base and cap.
     backoff_base_setting = "RETRY_BACKOFF_BASE_SECONDS"

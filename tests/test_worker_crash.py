@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import uuid
 
 import pytest
 
 from audits import services
-from audits.models import Audit
+from audits.models import Audit, Page
+from audits.reconcile import requeue_stuck_audits
 from audits.targets import normalize_url
+from audits.tasks import run_audit
+from ratelimit.models import DeadLetter
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -65,3 +70,35 @@ def test_a_killed_pool_process_puts_its_audit_back_at_once(site, start_worker):
 
     wait_for(lambda: status_of(audit) == "succeeded", timeout=30, message="the audit to run again")
     assert Audit.objects.get(id=audit.id).attempts == 2, worker.output()
+
+
+def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(site, start_worker):
+    worker = start_worker("audits")
+    target = normalize_url(f"{site.base_url}/slow?delay=6")
+    page = Page.objects.create(url=target.url, domain=target.domain)
+    audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
+    # Limits shorter than the fetch (the defaults are a minute and more), and the third attempt.
+    run_audit.apply_async(
+        args=[str(audit.id)], task_id=audit.task_id, soft_time_limit=2, time_limit=3, retries=2
+    )
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=15, message="the fetch to start")
+    # Stuck where no signal reaches it (as in C code): the soft limit cannot interrupt it,
+    # and the hard limit kills it.
+    (child,) = worker.children()
+    os.kill(child, signal.SIGSTOP)
+
+    try:
+        wait_for(lambda: status_of(audit) == "failed", timeout=30, message="the audit to fail")
+    except AssertionError:
+        print(worker.output())
+        raise
+    failed = Audit.objects.get(id=audit.id)
+    assert "gave up after 3 attempt(s)" in failed.error and "TimeLimitExceeded" in failed.error
+    letter = DeadLetter.objects.get(task_id=audit.task_id)
+    assert letter.task_name == "audits.run_audit" and letter.queue == "audits"
+    assert letter.attempts == 3 and letter.args == [str(audit.id)]
+    assert "TimeLimitExceeded" in letter.exception
+    # Finished, so the reconciler leaves it alone however old it gets.
+    assert requeue_stuck_audits(older_than_seconds=0) == 0
+    time.sleep(1)
+    assert site.hits["/slow"] == 1, worker.output()
