@@ -16,8 +16,9 @@ Who calls what:
         observability.signals, for every Celery task. A retry through `Task.retry`
         is counted there; its reason comes from the exception (`retry_reason`
         attribute, or a 429), so code that retries that way must not call
-        `record_retry` as well. Code that parks a job without `Task.retry` calls
-        `record_retry(task, "breaker_parked")` itself.
+        `record_retry` as well. Code that sends a job again without `Task.retry`
+        calls it itself: `PlumbTask` when a breaker parks it ("breaker_parked"),
+        `ratelimit.retry.defer` when a rate limit does ("rate_limited").
     record_downstream_request   every HTTP request to a downstream (audits.fetch: "host")
     record_admission            where a submission is admitted or refused (ratelimit.submissions)
     record_dead_letter, record_breaker_transition
@@ -385,11 +386,8 @@ def record_failure(task: str, *, now: float | None = None) -> None:
     _record("failure", write, now)
 
 
-def record_dead_letter(
-    task: str, *, job_id: str = "", error: str = "", now: float | None = None
-) -> None:
-    """A job was set aside for an operator. Logs `task.dead_letter` as well."""
-    log.warning("task.dead_letter", extra={"task": task, "job_id": job_id, "error": error})
+def record_dead_letter(task: str, *, now: float | None = None) -> None:
+    """A job was set aside for an operator (ratelimit.deadletters logs `task.dead_lettered`)."""
 
     def write(r: _Recorder) -> None:
         r.count(TASK_DEAD_LETTERS, task)
@@ -469,20 +467,11 @@ def admission_metric_keys(now: float | None = None) -> tuple[str, str, int]:
 
 
 def record_breaker_transition(
-    key: str,
-    to_state: str,
-    *,
-    key_class: str = "host",
-    from_state: str | None = None,
-    now: float | None = None,
+    to_state: str, *, key_class: str = "host", now: float | None = None
 ) -> None:
-    """A breaker changed state. `key` (a host, an installation) goes to the log line only."""
+    """A breaker changed state (ratelimit.breakers logs `breaker.<transition>` with its key)."""
     _check("to_state", to_state, BREAKER_STATES)
     _check("key_class", key_class, KEY_CLASSES)
-    log.warning(
-        "breaker.transition",
-        extra={"key": key, "key_class": key_class, "from_state": from_state, "to_state": to_state},
-    )
 
     def write(r: _Recorder) -> None:
         r.count(BREAKER_TRANSITIONS, key_class, to_state)

@@ -8,12 +8,17 @@ half_open  BREAKER_HALF_OPEN_PROBES calls go through as probes, the rest are
            parked. One failed probe opens the breaker again; once every probe
            has succeeded it closes.
 
-A task refused while the breaker is open is parked for one open period from
-when it came (plus up to a second of jitter): the parked tasks come back in the
-order and at the pace they came, shifted by the open period. A trickle of calls
-returns as a trickle, however long the outage, and a burst that met the open
-breaker returns no faster than it came, never all at the instant the breaker
-half-opens. A task refused while the probes are out waits a second.
+Parked tasks are given release times one after another, first come first
+served, starting at the end of the open period, at the rate the key was being
+called when the breaker opened (its window's calls per second), or at the number
+of tasks parked so far in this outage over one open period, if that is higher.
+A trickle comes back at about the rate the downstream was taking before, however
+long the outage: a ten-minute outage must not end in a burst of ten minutes'
+work. A burst that met the breaker soon after its window began (10 calls in one
+second, then thousands of deliveries) is not held to that small sample's rate:
+each open period's worth of parked tasks raises the rate, so a backlog of N
+tasks comes back within about ln(N / (rate x open period)) open periods more.
+Each task's release time gets up to a second of jitter on top.
 
 Each step is one Lua script, so workers deciding at the same moment see one
 state, and time is Redis's clock, so workers on different hosts agree on it.
@@ -33,6 +38,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from config.redis import redis_client
+from observability import metrics
 from ratelimit.counters import count
 from ratelimit.store import KEY_PREFIX
 
@@ -40,20 +46,34 @@ log = logging.getLogger(__name__)
 
 SUCCESS, FAILURE, NO_VERDICT = "success", "failure", "none"
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+# The state each transition leads to, for plumb_breaker_transitions_total.
+TRANSITION_TO_STATE = {
+    "opened": OPEN,
+    "reopened": OPEN,
+    "half_opened": HALF_OPEN,
+    "closed": CLOSED,
+    "closed_by_operator": CLOSED,
+}
 
 _ACQUIRE = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'closed' then return {'allow', '0', ''} end
+-- The next free release time at or after `earliest`, one every 1/rate seconds: the rate
+-- before it opened, or the tasks parked in this outage over one open period if higher.
+local function release_after(earliest)
+  local parked = redis.call('HINCRBY', KEYS[1], 'parked', 1)
+  local rate = tonumber(redis.call('HGET', KEYS[1], 'release_rate') or ARGV[3])
+  rate = math.max(rate, parked / tonumber(ARGV[1]))
+  local at = math.max(earliest, tonumber(redis.call('HGET', KEYS[1], 'next_release') or '0'))
+  redis.call('HSET', KEYS[1], 'next_release', tostring(at + 1 / rate))
+  return tostring(at - now)
+end
 local transition = ''
 if state == 'open' then
   local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
-  if now < open_until then
-    -- One open period from now: parked calls come back at the pace they came.
-    local opened_at = tonumber(redis.call('HGET', KEYS[1], 'opened_at'))
-    return {'open', tostring(open_until - opened_at), ''}
-  end
+  if now < open_until then return {'open', release_after(open_until), ''} end
   redis.call('HSET', KEYS[1], 'state', 'half_open', 'changed_at', tostring(now),
              'probes_started', 0, 'probe_successes', 0, 'probes_since', tostring(now))
   transition = 'half_opened'
@@ -67,8 +87,8 @@ if tonumber(redis.call('HGET', KEYS[1], 'probes_started')) < tonumber(ARGV[2]) t
   redis.call('HINCRBY', KEYS[1], 'probes_started', 1)
   return {'probe', '0', transition}
 end
--- The probes are out: wait a moment for their verdict.
-return {'half_open', '1', transition}
+-- The probes are out: wait at least a moment for their verdict.
+return {'half_open', release_after(now + 1), transition}
 """
 
 _RECORD = """
@@ -78,14 +98,18 @@ local outcome, probe = ARGV[1], ARGV[2]
 local window, min_calls, rate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local open_seconds, probes = tonumber(ARGV[6]), tonumber(ARGV[7])
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-local function open()
+local function open(release_rate)
   redis.call('HSET', KEYS[1], 'state', 'open', 'changed_at', tostring(now),
              'opened_at', tostring(now), 'open_until', tostring(now + open_seconds))
+  if release_rate then
+    -- A new outage (not a failed probe): its own rate and count of parked tasks.
+    redis.call('HSET', KEYS[1], 'release_rate', tostring(release_rate), 'parked', 0)
+  end
   redis.call('DEL', KEYS[2])
 end
 if probe == '1' and state == 'half_open' then
   if outcome == 'failure' then
-    open()
+    open(nil)
     return {'reopened', '0', '0'}
   elseif outcome == 'success' then
     if redis.call('HINCRBY', KEYS[1], 'probe_successes', 1) >= probes then
@@ -103,7 +127,7 @@ if state ~= 'closed' or outcome == 'none' then return {'', '0', '0'} end
 local second = math.floor(now)
 redis.call('HINCRBY', KEYS[2], 'c:' .. second, 1)
 if outcome == 'failure' then redis.call('HINCRBY', KEYS[2], 'f:' .. second, 1) end
-local calls, failures = 0, 0
+local calls, failures, oldest = 0, 0, second
 local buckets = redis.call('HGETALL', KEYS[2])
 for i = 1, #buckets, 2 do
   local field = buckets[i]
@@ -112,13 +136,15 @@ for i = 1, #buckets, 2 do
     redis.call('HDEL', KEYS[2], field)
   elseif string.sub(field, 1, 1) == 'c' then
     calls = calls + tonumber(buckets[i + 1])
+    oldest = math.min(oldest, bucket)
   else
     failures = failures + tonumber(buckets[i + 1])
   end
 end
 redis.call('EXPIRE', KEYS[2], window + 60)
 if calls >= min_calls and failures >= rate * calls then
-  open()
+  -- Calls per second over the part of the window that saw calls.
+  open(calls / (second - oldest + 1))
   return {'opened', tostring(calls), tostring(failures)}
 end
 return {'', tostring(calls), tostring(failures)}
@@ -166,7 +192,10 @@ class Breaker:
 
     def acquire(self) -> Permit:
         decision, release_in, transition = redis_client().eval(
-            _ACQUIRE, 1, self.key, settings.BREAKER_OPEN_SECONDS, settings.BREAKER_HALF_OPEN_PROBES,
+            _ACQUIRE, 1, self.key,
+            settings.BREAKER_OPEN_SECONDS, settings.BREAKER_HALF_OPEN_PROBES,
+            # The slowest release rate a breaker can have measured when it opened.
+            settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
         )  # fmt: skip
         if transition:
             self._transitioned(transition.decode())
@@ -197,6 +226,9 @@ class Breaker:
             "state": state,
             "changed_at": float(raw["changed_at"]) if "changed_at" in raw else None,
             "open_until": float(raw["open_until"]) if state == OPEN else None,
+            "release_rate": float(raw["release_rate"]) if "release_rate" in raw else None,
+            "next_release": float(raw["next_release"]) if "next_release" in raw else None,
+            "parked": int(raw.get("parked", 0)),
             "probes_started": int(raw.get("probes_started", 0)),
             "probe_successes": int(raw.get("probe_successes", 0)),
         }
@@ -214,6 +246,7 @@ def record_transition(breaker: Breaker, transition: str, **fields) -> None:
         extra={"task": breaker.task_name, "host": breaker.host, **fields},
     )
     count(f"breaker.{transition}", task=breaker.task_name, host=breaker.host)
+    metrics.record_breaker_transition(TRANSITION_TO_STATE[transition])
     live = breaker.state()
     open_until = live["open_until"]
     CircuitBreaker.objects.update_or_create(

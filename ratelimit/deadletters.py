@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
+from observability import metrics
 from ratelimit.counters import count
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def _create(**fields):
 
     dead_letter = DeadLetter.objects.create(**fields)
     count("task.dead_lettered", task=fields["task_name"] or "unknown", reason=fields["reason"])
+    metrics.record_dead_letter(fields["task_name"] or "unknown")
     log.warning(
         "task.dead_lettered",
         extra={

@@ -33,6 +33,7 @@ from django import db
 from django.conf import settings
 from redis import RedisError
 
+from observability import metrics
 from ratelimit import breakers, deadletters, parking
 from ratelimit.deadletters import MalformedTaskMessage
 
@@ -207,6 +208,7 @@ class PlumbTask(Task):
             self.before_park(reason, delay, args=args, kwargs=kwargs)
             # The current `retries`: waiting for a breaker does not use an attempt.
             self.park(delay, reason=reason, retries=self.request.retries)
+            metrics.record_retry(self.name, "breaker_parked")
             # Acknowledged without a result: the parked copy is the task now.
             raise Ignore()
         outcome = breakers.NO_VERDICT
@@ -411,6 +413,7 @@ def defer(task: Task, until: float, reason: str, *, key: str = "", resource: str
         park(parked, due=now + delay)
     else:
         publish(parked, countdown=delay)
+    metrics.record_retry(task.name, "rate_limited")
     log.info(
         "task.deferred",
         extra={

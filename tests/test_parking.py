@@ -11,6 +11,7 @@ from audits.targets import normalize_url
 from ratelimit import counters, parking
 from ratelimit.breakers import FAILURE, Breaker
 from ratelimit.models import CircuitBreaker, DeadLetter
+from tests.test_metrics import scrape
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -99,6 +100,22 @@ def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstr
     assert counters.read("breaker.half_opened", **labels) == 2
     assert counters.read("breaker.closed", **labels) == 1
     assert counters.read("task.parked", task="audits.run_audit", reason="breaker") >= 3
+    # The same, as Prometheus sees them: transitions by new state, parks as retries by reason.
+    samples = scrape()
+    assert (
+        samples[("plumb_breaker_transitions_total", (("key_class", "host"), ("to_state", "open")))]
+        == 2
+    )
+    assert (
+        samples[
+            ("plumb_breaker_transitions_total", (("key_class", "host"), ("to_state", "closed")))
+        ]
+        == 1
+    )
+    parked_retries = samples[
+        ("plumb_task_retries_total", (("reason", "breaker_parked"), ("task", "audits.run_audit")))
+    ]
+    assert parked_retries == counters.read("task.parked", task="audits.run_audit", reason="breaker")
     # Four failures and one success per audit: nothing hammered the downstream while it was down.
     assert site.flaky_counts["shared"] == 4 + len(audits)
     assert not DeadLetter.objects.exists()

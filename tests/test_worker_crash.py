@@ -15,6 +15,7 @@ from audits.reconcile import requeue_stuck_audits
 from audits.targets import normalize_url
 from audits.tasks import run_audit
 from ratelimit.models import DeadLetter
+from tests.test_metrics import scrape
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -98,6 +99,7 @@ def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(s
     assert letter.task_name == "audits.run_audit" and letter.queue == "audits"
     assert letter.attempts == 3 and letter.args == [str(audit.id)]
     assert "TimeLimitExceeded" in letter.exception
+    assert scrape()[("plumb_task_dead_letters_total", (("task", "audits.run_audit"),))] == 1
     # Finished, so the reconciler leaves it alone however old it gets.
     assert requeue_stuck_audits(older_than_seconds=0) == 0
     time.sleep(1)
