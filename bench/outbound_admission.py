@@ -21,6 +21,9 @@ os.environ.setdefault("DEBUG", "true")
 
 import django  # noqa: E402
 
+from bench.services import ensure_database  # noqa: E402
+
+ensure_database()
 django.setup()
 
 from django.core.management import call_command  # noqa: E402

@@ -28,24 +28,20 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections import deque
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from config import devservices  # noqa: E402
+from bench.services import create_database, start_redis  # noqa: E402
 
 SIZES = (10_000, 100_000)
 PAGES_PER_DOMAIN = 10
 DAY = date(2030, 1, 15)
-LOCAL_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
 
 
 def main() -> int:
@@ -79,48 +75,6 @@ def main() -> int:
             redis_process.terminate()
             redis_process.wait(timeout=10)
     return 0
-
-
-# --- Services --------------------------------------------------------------------
-
-
-def start_redis():
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return None, url
-    port = devservices.free_port()
-    process = devservices.start_redis(port, Path(tempfile.mkdtemp(prefix="plumb-bench-redis-")))
-    return process, f"redis://127.0.0.1:{port}/0"
-
-
-def create_database():
-    url = os.environ.get("DATABASE_URL")
-    if url is None and devservices.postgres_answers(LOCAL_POSTGRES):
-        url = LOCAL_POSTGRES
-    if url is None or not url.startswith(("postgres://", "postgresql://")):
-        path = Path(tempfile.mkdtemp(prefix="plumb-bench-db-")) / "bench.sqlite3"
-        return f"sqlite:///{path}", lambda: None
-
-    import psycopg
-
-    name = f"plumb_bench_{uuid.uuid4().hex[:8]}"
-    parts = urlsplit(url)
-    server = dict(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username or "postgres",
-        password=parts.password,
-        dbname=parts.path.lstrip("/") or "postgres",
-        autocommit=True,
-    )
-    with psycopg.connect(**server) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-
-    def drop():
-        with psycopg.connect(**server) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return urlunsplit(parts._replace(path=f"/{name}")), drop
 
 
 def reset(redis_client) -> None:

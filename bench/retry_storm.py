@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/retry_storm.py                 # old vs new, about 3 minutes
     .venv/bin/python bench/retry_storm.py --jitter-study  # + each jitter without a breaker
+    .venv/bin/python bench/retry_storm.py --flush-redis --dashboard docs/images/retry-storm-dashboard.png
 
 What it starts: a downstream HTTP server on 127.0.0.1 (healthy, then slow, then answering
 503 for a while, then healthy again), a database of its own (DATABASE_URL's name plus
@@ -23,6 +24,13 @@ that succeeded, time until the backlog drained, and the peak requests in any one
 over the whole run and after the outage. Before the runs it also prints how each jitter
 spreads a cohort of retries that failed at the same instant (computed from the policy's
 own function, no workers).
+
+With --dashboard FILE the runs share one dashboard: the metrics (`metrics:*` keys) are
+kept between runs, the runs are --gap seconds apart (default 240) so each has its own
+minutes on the hour's plots, and at the end the script serves the app on 127.0.0.1,
+logs in as a staff user it creates in the bench database and saves the top of the
+dashboard (headline, completions vs retry attempts, downstream requests per unique job)
+as a PNG. Needs Debian's chromium and the dev extra's playwright, as `make test` does.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import random
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,6 +67,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from audits import services  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from audits.targets import normalize_url  # noqa: E402
+from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from ratelimit import counters  # noqa: E402
 from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
 from ratelimit.retry import backoff_delay  # noqa: E402
@@ -164,14 +174,20 @@ class RunResult:
     requests_by_second: list[int] = field(repr=False)
 
 
-def reset_state(client: redis.Redis) -> None:
-    client.flushdb()
+def reset_state(client: redis.Redis, *, keep_metrics: bool = False) -> None:
+    if keep_metrics:
+        # Everything but the dashboard's minutes and the metric totals.
+        doomed = [key for key in client.scan_iter(count=1000) if not key.startswith(b"metrics:")]
+        for start in range(0, len(doomed), 500):
+            client.delete(*doomed[start : start + 500])
+    else:
+        client.flushdb()
     for model in (DeadLetter, CircuitBreaker, Audit, Page):
         model.objects.all().delete()
 
 
 def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
-    reset_state(client)
+    reset_state(client, keep_metrics=bool(args.dashboard))
     downstream = Downstream(args)
     threading.Thread(target=downstream.serve_forever, daemon=True).start()
     workers = [
@@ -233,6 +249,28 @@ def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
         succeeded_jobs=succeeded,
         requests_by_second=[per_second.get(s, 0) for s in range(max(per_second) + 1)],
     )
+
+
+# --- the dashboard after the runs ---------------------------------------------------
+def photograph_dashboard(out: Path) -> Path:
+    """Serve the app from this process, log in as staff and save the dashboard."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.test.testcases import LiveServerThread
+
+    password = uuid.uuid4().hex
+    get_user_model().objects.create_user("bench", password=password, is_staff=True)
+    server = LiveServerThread("127.0.0.1", StaticFilesHandler, port=0)
+    server.daemon = True
+    server.start()
+    server.is_ready.wait()
+    if server.error:
+        raise server.error
+    try:
+        with dashboard_page(f"http://127.0.0.1:{server.port}", "bench", password) as page:
+            return screenshot(page, out, rows=2)
+    finally:
+        server.terminate()
 
 
 # --- jitter spread without workers --------------------------------------------------
@@ -297,13 +335,21 @@ def main() -> int:
     parser.add_argument("--flush-redis", action="store_true", help="empty a Redis that has keys")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker-log", type=Path, help="append the workers' output here")
+    parser.add_argument("--dashboard", type=Path, help="save the dashboard after the runs here")
+    parser.add_argument(
+        "--gap", type=float, default=240.0, help="seconds between runs (--dashboard)"
+    )
     args = parser.parse_args()
+    if args.dashboard and (reason := missing_browser()):
+        print(f"--dashboard needs a browser: {reason}")
+        return 2
 
     logging.getLogger("audits").setLevel(logging.WARNING)  # one line per submission otherwise
     client = redis.Redis.from_url(settings.REDIS_URL)
     if client.dbsize() and not args.flush_redis:
         print(f"{settings.REDIS_URL} holds keys; this script empties it. Use --flush-redis.")
         return 2
+    client.flushdb()  # the dashboard shows these runs only
 
     print("Jitter spread of 1000 retries that failed at the same instant (base 1 s, cap 60 s):")
     spread = cohort_spread()
@@ -321,9 +367,14 @@ def main() -> int:
             runs[f"{jitter}, no breaker"] = {"RETRY_JITTER": jitter, "BREAKER_ENABLED": "false"}
     results: list[RunResult] = []
     try:
-        for name, env in runs.items():
+        for number, (name, env) in enumerate(runs.items()):
+            if number and args.dashboard:
+                print(f"(a {args.gap:g} s gap, so the dashboard shows the runs apart)", flush=True)
+                time.sleep(args.gap)
             results.append(run(name, env, args, client))
             print_table([asdict(results[-1])], RESULT_COLUMNS)
+        if args.dashboard:
+            print(f"dashboard saved to {photograph_dashboard(args.dashboard)}")
     finally:
         client.flushdb()
         teardown_databases(old_config, verbosity=0)

@@ -12,12 +12,14 @@ database pool (10 connections, 10 s acquire timeout, as in the incident):
 
   healthy  the receiver always answers 200 (Plumb's settings): the throughput
            that defines the ideal drain time, outage + N / throughput
-  naive    no concurrency cap (WEBHOOK_MAX_CONCURRENCY=0, no per-host limit)
-           and exact 2x backoff without jitter
-  plumb    Plumb's defaults: 16 deliveries per process, 32 per host, ±25 % jitter
+  naive    no concurrency cap (WEBHOOK_MAX_CONCURRENCY=0, no per-host limit),
+           exact 2x backoff without jitter, no circuit breaker
+  plumb    Plumb's defaults: 16 deliveries per process, 32 per host, ±25 % jitter,
+           the receiver's breaker (its deliveries are parked while it is open)
 
 and prints, per phase: deliveries completed, database pool timeouts, peak
-concurrent requests at the receiver, retry arrivals per 5 s and the drain time.
+concurrent requests at the receiver, arrivals per 5 s (first attempts, retries
+and parked deliveries coming due) and the drain time.
 Use a Redis database and a PostgreSQL database no running stack uses: the
 bench deletes the webhooks queue keys and its own rows there (it migrates the
 database first). `--deliveries 600` runs a smaller burst.
@@ -46,6 +48,9 @@ os.environ.setdefault("DEBUG", "true")
 
 import django  # noqa: E402
 
+from bench.services import ensure_database  # noqa: E402
+
+ensure_database()
 django.setup()
 
 from django.conf import settings  # noqa: E402
@@ -55,6 +60,8 @@ from django.utils import timezone  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from config.celery_app import app  # noqa: E402
 from config.redis import redis_client  # noqa: E402
+from ratelimit.parking import parked_key  # noqa: E402
+from ratelimit.store import KEY_PREFIX  # noqa: E402
 from webhooks.models import Delivery  # noqa: E402
 from webhooks.receiver import Receiver  # noqa: E402
 from webhooks.tasks import deliver_webhook  # noqa: E402
@@ -70,12 +77,17 @@ PHASES = {
         "WEBHOOK_MAX_CONCURRENCY": "0",
         "WEBHOOK_PER_HOST_CONCURRENCY": "0",
         "WEBHOOK_BACKOFF_JITTER": "false",
+        "BREAKER_ENABLED": "false",
     },
     "plumb": {},
 }
 POOL_TIMEOUT_MARK = "couldn't get a connection"
 RETRY_LINE = re.compile(
     r"^(\S+) INFO ratelimit\.retry task\.retry .*? delay_seconds=([\d.]+)", re.M
+)
+# A delivery parked by the destination's open breaker comes back when its delay is up.
+PARKED_LINE = re.compile(
+    r"^(\S+) INFO ratelimit\.parking task\.parked .*? delay_seconds=([\d.]+)", re.M
 )
 
 
@@ -85,6 +97,8 @@ def reset() -> None:
     keys = [settings.WEBHOOK_QUEUE, "webhooks:delayed"]
     keys += [f"{k}:{settings.WEBHOOK_QUEUE}" for k in ("unacked", "unacked_index", "unacked_mutex")]
     keys += list(client.scan_iter("webhooks:host-slots:*"))
+    keys += [parked_key(settings.WEBHOOK_QUEUE)]
+    keys += list(client.scan_iter(f"{KEY_PREFIX}breaker*:{deliver_webhook.name}:*"))
     client.delete(*keys)
 
 
@@ -220,7 +234,8 @@ def run_phase(
         "held": held.most,
         "first": first,
         "published": published,
-        "retries": retries_coming_due(output, since=started_wall),
+        "retries": coming_due(RETRY_LINE, output, since=started_wall),
+        "parked": coming_due(PARKED_LINE, output, since=started_wall),
         "served": Counter(int(at // BUCKET_SECONDS) for at, _, _ in requests),
         "drained": drained,
     }
@@ -240,10 +255,11 @@ class HeldSampler:
             self.next_at = time.monotonic() + 0.1
 
 
-def retries_coming_due(worker_log: str, *, since: float) -> Counter:
-    """Retries per 5 s by when they came due: each `task.retry` line's time plus its delay."""
+def coming_due(line: re.Pattern, worker_log: str, *, since: float) -> Counter:
+    """Retries (or parked deliveries) per 5 s by when they came due: each log line's time
+    plus its delay."""
     due = Counter()
-    for stamp, delay in RETRY_LINE.findall(worker_log):
+    for stamp, delay in line.findall(worker_log):
         at = datetime.fromisoformat(stamp).timestamp() + float(delay) - since
         due[int(at // BUCKET_SECONDS)] += 1
     return due
@@ -264,9 +280,10 @@ def wave_ratio(result: dict, *, after: float) -> float:
     """The most attempts arriving in one 5 s after `after` seconds, over the mean per 5 s.
 
     Arrivals are attempts becoming runnable: first attempts as published,
-    retries as they come due. The mean runs from the burst's start to its drain.
+    retries and parked deliveries as they come due. The mean runs from the burst's
+    start to its drain.
     """
-    arrivals = result["first"] + result["retries"]
+    arrivals = result["first"] + result["retries"] + result["parked"]
     if not arrivals:
         return 0.0
     end = result["drained"] or (max(arrivals) + 1) * BUCKET_SECONDS
@@ -287,6 +304,7 @@ def report(results: dict, *, count: int, outage: float, burst: float, cap: int) 
         ("burst published within", lambda r: f"{r['published']:.1f} s"),
         ("deliveries completed", lambda r: f"{r['delivered']} / {r['count']}"),
         ("requests at the receiver", lambda r: f"{r['requests']}"),
+        ("deliveries parked by the open breaker", lambda r: f"{sum(r['parked'].values())}"),
         ("database pool timeouts", lambda r: f"{r['pool_timeouts']}"),
         ("peak concurrent deliveries (at the receiver)", lambda r: f"{r['peak']}"),
         ("most deliveries held by the worker", lambda r: f"{r['held']}"),
@@ -299,16 +317,21 @@ def report(results: dict, *, count: int, outage: float, burst: float, cap: int) 
         print(f"{label:50} {cell(results['naive']):>14} {cell(results['plumb']):>14}")
     print(f"(plumb's cap: {cap} per process)\n")
     print(
-        "per 5 s: first attempts published + retries coming due | requests served by the receiver"
+        "per 5 s: first attempts published + retries coming due + parked coming due"
+        " | requests served by the receiver"
     )
-    print(f"{'t (s)':>6} {'naive':>24} {'plumb':>24}")
-    last = max(max(r["first"] + r["retries"] + r["served"], default=0) for r in results.values())
+    print(f"{'t (s)':>6} {'naive':>30} {'plumb':>30}")
+    last = max(
+        max(r["first"] + r["retries"] + r["parked"] + r["served"], default=0)
+        for r in results.values()
+    )
     for bucket in range(last + 1):
         cells = [
-            f"{results[n]['first'][bucket]:>5} + {results[n]['retries'][bucket]:<5} | {results[n]['served'][bucket]:<5}"
+            f"{results[n]['first'][bucket]:>5} + {results[n]['retries'][bucket]:<5}"
+            f" + {results[n]['parked'][bucket]:<5} | {results[n]['served'][bucket]:<5}"
             for n in ("naive", "plumb")
         ]
-        print(f"{bucket * BUCKET_SECONDS:>6} {cells[0]:>24} {cells[1]:>24}")
+        print(f"{bucket * BUCKET_SECONDS:>6} {cells[0]:>30} {cells[1]:>30}")
     plumb = results["plumb"]
     goals = {
         "100 % delivered": plumb["delivered"] == count,

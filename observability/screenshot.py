@@ -57,11 +57,19 @@ def dashboard_page(base_url: str, username: str, password: str, *, width: int = 
             browser.close()
 
 
-def screenshot(page, out: Path, *, selector: str | None = None) -> Path:
-    """The whole page, or only the element `selector` (e.g. the first row: `.row`)."""
+def screenshot(page, out: Path, *, selector: str | None = None, rows: int | None = None) -> Path:
+    """The whole page, only the element `selector` (e.g. the first row: `.row`), or the
+    page from its top down to the end of its first `rows` rows of plots."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if selector:
         page.locator(selector).first.screenshot(path=str(out))
+    elif rows:
+        last = page.locator("section.row").nth(rows - 1).bounding_box()
+        width = page.viewport_size["width"]
+        bottom = last["y"] + last["height"] + 16
+        page.screenshot(
+            path=str(out), full_page=True, clip={"x": 0, "y": 0, "width": width, "height": bottom}
+        )
     else:
         page.screenshot(path=str(out), full_page=True)
     return out

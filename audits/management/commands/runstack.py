@@ -37,6 +37,39 @@ def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
     return path.read_text().strip(), True
 
 
+def stack_commands(demo: bool = False) -> dict[str, str]:
+    """The command line of each process `make run` starts, by name (also bench/soak.py's)."""
+    bin_dir = Path(sys.executable).parent
+    celery = f"{bin_dir / 'celery'} -A config"
+    processes = {
+        "web": (
+            f"{bin_dir / 'gunicorn'} config.wsgi:application --bind {settings.WEB_HOST}:{settings.WEB_PORT}"
+            f" --workers {settings.WEB_CONCURRENCY} --access-logfile - --graceful-timeout 10 --no-control-socket"
+        ),
+        "worker-audits": (
+            f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits@%h"
+            f" --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
+        ),
+        "worker-reaudit": (
+            f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
+            f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
+        ),
+        # Threads: a delivery waits on the network. Its concurrency is
+        # WEBHOOK_MAX_CONCURRENCY, applied by the worker itself (config.celery_app).
+        "worker-webhooks": (
+            f"{celery} worker -Q {settings.WEBHOOK_QUEUE} -n webhooks@%h --pool threads"
+            " --loglevel INFO"
+        ),
+        "beat": f"{celery} beat --loglevel INFO",
+        "flower": f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}",
+    }
+    if demo:
+        processes["demo-site"] = (
+            f"{sys.executable} -m audits.demo_site --port {settings.DEMO_SITE_PORT}"
+        )
+    return processes
+
+
 class Command(BaseCommand):
     help = "Run web, workers, beat and Flower together (and a local Redis if none answers)."
 
@@ -61,7 +94,7 @@ class Command(BaseCommand):
             call_command("collectstatic", interactive=False, verbosity=0)
             self._ensure_admin()
             manager = Manager(Printer(sys.stdout))
-            for name, command in self._processes(demo).items():
+            for name, command in stack_commands(demo).items():
                 manager.add_process(name, command, env=env)
             self._print_urls(demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated else None)
             if demo:
@@ -99,37 +132,6 @@ class Command(BaseCommand):
                 "(shown once; change it with `manage.py changepassword admin`)."
             )
         )
-
-    def _processes(self, demo: bool) -> dict[str, str]:
-        bin_dir = Path(sys.executable).parent
-        celery = f"{bin_dir / 'celery'} -A config"
-        processes = {
-            "web": (
-                f"{bin_dir / 'gunicorn'} config.wsgi:application --bind {settings.WEB_HOST}:{settings.WEB_PORT}"
-                f" --workers {settings.WEB_CONCURRENCY} --access-logfile - --graceful-timeout 10 --no-control-socket"
-            ),
-            "worker-audits": (
-                f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits@%h"
-                f" --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
-            ),
-            "worker-reaudit": (
-                f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
-                f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
-            ),
-            # Threads: a delivery waits on the network. Its concurrency is
-            # WEBHOOK_MAX_CONCURRENCY, applied by the worker itself (config.celery_app).
-            "worker-webhooks": (
-                f"{celery} worker -Q {settings.WEBHOOK_QUEUE} -n webhooks@%h --pool threads"
-                " --loglevel INFO"
-            ),
-            "beat": f"{celery} beat --loglevel INFO",
-            "flower": f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}",
-        }
-        if demo:
-            processes["demo-site"] = (
-                f"{sys.executable} -m audits.demo_site --port {settings.DEMO_SITE_PORT}"
-            )
-        return processes
 
     def _print_urls(self, demo: bool, flower_login: str | None):
         web = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
