@@ -10,7 +10,8 @@ half_open  BREAKER_HALF_OPEN_PROBES calls go through as probes, the rest are
 
 Parked tasks are given release times one after another, first come first
 served, starting at the end of the open period, at the rate the key was being
-called when the breaker opened (its window's calls per second), or at the number
+called when the breaker opened (its window's calls since the first one, over at
+least a quarter of a second), or at the number
 of tasks parked so far in this outage over one open period, if that is higher.
 A trickle comes back at about the rate the downstream was taking before, however
 long the outage: a ten-minute outage must not end in a burst of ten minutes'
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 SUCCESS, FAILURE, NO_VERDICT = "success", "failure", "none"
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+# A breaker that opens on calls made within less than this measures its release rate
+# over this long: at most BREAKER_MIN_CALLS / 0.25 s when it opens on a sudden burst.
+SHORTEST_RATE_SAMPLE_SECONDS = 0.25
 # The state each transition leads to, for plumb_breaker_transitions_total.
 TRANSITION_TO_STATE = {
     "opened": OPEN,
@@ -127,24 +131,31 @@ if state ~= 'closed' or outcome == 'none' then return {'', '0', '0'} end
 local second = math.floor(now)
 redis.call('HINCRBY', KEYS[2], 'c:' .. second, 1)
 if outcome == 'failure' then redis.call('HINCRBY', KEYS[2], 'f:' .. second, 1) end
+-- When this window's first call ended, to the microsecond: a burst's rate is not rounded
+-- down to its calls per whole second.
+redis.call('HSETNX', KEYS[2], 'since', tostring(now))
 local calls, failures, oldest = 0, 0, second
 local buckets = redis.call('HGETALL', KEYS[2])
 for i = 1, #buckets, 2 do
   local field = buckets[i]
-  local bucket = tonumber(string.sub(field, 3))
-  if bucket <= second - window then
-    redis.call('HDEL', KEYS[2], field)
-  elseif string.sub(field, 1, 1) == 'c' then
-    calls = calls + tonumber(buckets[i + 1])
-    oldest = math.min(oldest, bucket)
-  else
-    failures = failures + tonumber(buckets[i + 1])
+  if field ~= 'since' then
+    local bucket = tonumber(string.sub(field, 3))
+    if bucket <= second - window then
+      redis.call('HDEL', KEYS[2], field)
+    elseif string.sub(field, 1, 1) == 'c' then
+      calls = calls + tonumber(buckets[i + 1])
+      oldest = math.min(oldest, bucket)
+    else
+      failures = failures + tonumber(buckets[i + 1])
+    end
   end
 end
 redis.call('EXPIRE', KEYS[2], window + 60)
 if calls >= min_calls and failures >= rate * calls then
-  -- Calls per second over the part of the window that saw calls.
-  open(calls / (second - oldest + 1))
+  -- Calls per second since the first call still in the window; a sample shorter than
+  -- ARGV[8] seconds counts as that long, so ten calls in a millisecond are not a rate.
+  local since = math.max(tonumber(redis.call('HGET', KEYS[2], 'since')), oldest)
+  open(calls / math.max(now - since, tonumber(ARGV[8])))
   return {'opened', tostring(calls), tostring(failures)}
 end
 return {'', tostring(calls), tostring(failures)}
@@ -207,7 +218,7 @@ class Breaker:
             outcome, "1" if permit.probe else "0",
             settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
             settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
-            settings.BREAKER_HALF_OPEN_PROBES,
+            settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
         )  # fmt: skip
         if transition:
             self._transitioned(transition.decode(), calls=int(calls), failures=int(failures))
