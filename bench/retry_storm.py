@@ -46,7 +46,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +67,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from audits import services  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from audits.targets import normalize_url  # noqa: E402
+from bench.services import QuietHandler  # noqa: E402
 from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from ratelimit import counters  # noqa: E402
 from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
@@ -122,12 +123,7 @@ class Downstream(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-class DownstreamHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):
-        pass
-
+class DownstreamHandler(QuietHandler):
     def do_GET(self):
         server: Downstream = self.server
         elapsed = time.monotonic() - server.started
@@ -136,23 +132,13 @@ class DownstreamHandler(BaseHTTPRequestHandler):
             latency = server.rng.uniform(server.args.slow_min, server.args.slow_max)
         phase = server.phase(elapsed)
         if phase == "failing":
-            self._send(503, b"down for now")
+            self.send_html(503, b"down for now")
             return
         if phase == "slow":
             time.sleep(latency)
-        self._send(
+        self.send_html(
             200, b"<!doctype html><html><head><title>Job</title></head><body>ok</body></html>"
         )
-
-    def _send(self, status: int, body: bytes):
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
 
 # --- one run ----------------------------------------------------------------------

@@ -5,6 +5,7 @@
 - `start_redis()`: REDIS_URL when set, else a throwaway redis-server on a free port.
 - `create_database()`: a fresh database next to DATABASE_URL's (PostgreSQL, the local
   one when DATABASE_URL is not set) or a temporary SQLite file, with its dropper.
+- `QuietHandler`: the base of a benchmark's downstream site on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -70,3 +72,22 @@ def create_database(*, sqlite_fallback: bool = True):
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}")), drop
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A downstream's request handler: no access log, and a client that gave up is no error."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        pass
+
+    def send_html(self, status: int, body: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client timed out first: that is what a slow downstream is for

@@ -46,13 +46,13 @@ import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.services import create_database, start_redis  # noqa: E402
+from bench.services import QuietHandler, create_database, start_redis  # noqa: E402
 from config import devservices  # noqa: E402
 
 # Settings of the stack under soak (each an environment variable of docs/configuration.md).
@@ -110,12 +110,7 @@ class Downstream(ThreadingHTTPServer):
         return "200"
 
 
-class DownstreamHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):
-        pass
-
+class DownstreamHandler(QuietHandler):
     def do_GET(self):
         server: Downstream = self.server
         answer = server.answer_for()
@@ -124,20 +119,10 @@ class DownstreamHandler(BaseHTTPRequestHandler):
         if answer == "hang":
             time.sleep(HANG_SECONDS)
         if answer in ("503", "outage"):
-            self._send(503, b"unavailable for now")
+            self.send_html(503, b"unavailable for now")
         else:
-            self._send(200, b"<!doctype html><html lang=en><head><title>Page</title></head>"
+            self.send_html(200, b"<!doctype html><html lang=en><head><title>Page</title></head>"
                             b"<body><h1>Page</h1><p>Soak.</p></body></html>")  # fmt: skip
-
-    def _send(self, status: int, body: bytes):
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
 
 # --- the stack ------------------------------------------------------------------------
