@@ -48,22 +48,17 @@ def test_the_dashboard_plots_a_run_with_forced_retries(
     def all_done():
         return Audit.objects.filter(status="succeeded").count() == len(urls)
 
-    try:
-        wait_for(all_done, timeout=60, message="every audit to succeed")
-        # The postrun signal counts a completion just after the row is finished.
-        wait_for(
-            lambda: (
-                httpx.get(f"{live_server.url}/api/stats", timeout=10).json()["totals"][
-                    "completions"
-                ]
-                == len(urls)
-            ),
-            timeout=10,
-            message="every completion to be counted",
-        )
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(all_done, timeout=60, message="every audit to succeed", show=[worker])
+    # The postrun signal counts a completion just after the row is finished.
+    wait_for(
+        lambda: (
+            httpx.get(f"{live_server.url}/api/stats", timeout=10).json()["totals"]["completions"]
+            == len(urls)
+        ),
+        timeout=10,
+        message="every completion to be counted",
+        show=[worker],
+    )
     totals = httpx.get(f"{live_server.url}/api/stats?window=1h", timeout=10).json()["totals"]
     assert (totals["retry_attempts"], totals["downstream_requests"], totals["unique_jobs"]) == (
         6,

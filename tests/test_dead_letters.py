@@ -93,11 +93,10 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
     def all_dead_lettered():
         return DeadLetter.objects.filter(task_id__in=ids.values()).count() == len(ids)
 
-    try:
-        wait_for(all_dead_lettered, timeout=30, message="every malformed message dead-lettered")
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(
+        all_dead_lettered, timeout=30, message="every malformed message dead-lettered",
+        show=[worker],
+    )  # fmt: skip
     expected = {
         0: (0, "undecodable body"),
         1: (0, "undecodable body"),

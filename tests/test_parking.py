@@ -87,11 +87,7 @@ def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstr
     def all_succeeded():
         return all(status_of(audit) == "succeeded" for audit in audits)
 
-    try:
-        wait_for(all_succeeded, timeout=60, message="every audit to succeed")
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(all_succeeded, timeout=60, message="every audit to succeed", show=[worker])
     labels = {"task": "audits.run_audit", "host": "127.0.0.1"}
     # Three failures open it; the first probe meets the fourth failure and
     # opens it again; the next probe succeeds and closes it.

@@ -36,12 +36,7 @@ def wait_until_all_fired(
             last_catch_up = time.monotonic()
         return unfired(night) == 0
 
-    try:
-        wait_for(all_fired, timeout=timeout, message="every placement to fire")
-    except AssertionError:
-        for worker in workers:
-            print(worker.output())
-        raise
+    wait_for(all_fired, timeout=timeout, message="every placement to fire", show=workers)
 
 
 def assert_one_reaudit_per_page_each_at_or_after_its_offset(night: FanOut) -> None:
@@ -146,16 +141,16 @@ def test_placements_due_hours_ahead_are_not_in_the_audit_backlog_nor_held_by_a_w
     ).fan_out
     assert services.count_scheduled() == 101
 
-    try:
-        wait_for(lambda: unfired(night) == 100, timeout=20, message="the first page's placement")
-        wait_for(
-            lambda: [m.task for m in held(redis_client, "reaudit")] == ["reaudit.publish_slice"],
-            timeout=20,
-            message="the worker to hold only the next slice",
-        )
-    except AssertionError:
-        print(reaudit.output())
-        raise
+    wait_for(
+        lambda: unfired(night) == 100, timeout=20, message="the first page's placement",
+        show=[reaudit],
+    )  # fmt: skip
+    wait_for(
+        lambda: [m.task for m in held(redis_client, "reaudit")] == ["reaudit.publish_slice"],
+        timeout=20,
+        message="the worker to hold only the next slice",
+        show=[reaudit],
+    )
     # Once placed, the audit is in the backlog, runnable at once.
     (audit,) = Audit.objects.all()
     assert [(m.task, m.args, m.eta) for m in queued(redis_client, "audits")] == [

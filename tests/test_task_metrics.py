@@ -25,14 +25,10 @@ def submit(url: str) -> Audit:
 
 
 def finished(audit: Audit, worker, timeout: float = 40) -> Audit:
-    try:
-        wait_for(
-            lambda: Audit.objects.get(id=audit.id).is_finished, timeout=timeout,
-            message=f"audit {audit.id} to finish",
-        )  # fmt: skip
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(
+        lambda: Audit.objects.get(id=audit.id).is_finished, timeout=timeout,
+        message=f"audit {audit.id} to finish", show=[worker],
+    )  # fmt: skip
     return Audit.objects.get(id=audit.id)
 
 

@@ -146,11 +146,7 @@ def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
     def all_delivered():
         return all(delivery(row).status == "delivered" for row in rows)
 
-    try:
-        wait_for(all_delivered, timeout=60, message="every delivery")
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(all_delivered, timeout=60, message="every delivery", show=[worker])
     labels = {"task": "webhooks.deliver", "host": "127.0.0.1"}
     assert counters.read("breaker.opened", **labels) == 1
     assert counters.read("task.parked", task="webhooks.deliver", reason="breaker") >= 5

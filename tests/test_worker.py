@@ -25,21 +25,17 @@ def read(live_server, audit: dict) -> dict:
     ).json()
 
 
-def finished(live_server, audit: dict, timeout: float = 30.0) -> dict:
+def finished(live_server, audit: dict, timeout: float = 30.0, show=()) -> dict:
     return wait_for(
         lambda: (body := read(live_server, audit))["status"] in {"succeeded", "failed"} and body,
-        timeout=timeout, message=f"audit {audit['id']} to finish",
+        timeout=timeout, message=f"audit {audit['id']} to finish", show=show,
     )  # fmt: skip
 
 
 def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
     worker = start_worker("audits")
     audit = submit(live_server, f"{site.base_url}/redirect")
-    try:
-        done = finished(live_server, audit)
-    except AssertionError:
-        print(worker.output())
-        raise
+    done = finished(live_server, audit, show=[worker])
     assert done["status"] == "succeeded"
     assert done["attempts"] == 1
     assert done["result"]["final_url"] == f"{site.base_url}/"

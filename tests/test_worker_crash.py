@@ -88,11 +88,9 @@ def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(s
     (child,) = worker.children()
     os.kill(child, signal.SIGSTOP)
 
-    try:
-        wait_for(lambda: status_of(audit) == "failed", timeout=30, message="the audit to fail")
-    except AssertionError:
-        print(worker.output())
-        raise
+    wait_for(
+        lambda: status_of(audit) == "failed", timeout=30, message="the audit to fail", show=[worker]
+    )
     failed = Audit.objects.get(id=audit.id)
     assert "gave up after 3 attempt(s)" in failed.error and "TimeLimitExceeded" in failed.error
     letter = DeadLetter.objects.get(task_id=audit.task_id)

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from django.conf import settings
@@ -110,11 +111,20 @@ class WorkerProcess:
             self.process.wait(timeout=10)
 
 
-def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):
+def wait_for(
+    predicate,
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    message: str = "condition",
+    show: Iterable[WorkerProcess] = (),
+):
+    """Poll `predicate` until it is truthy; on timeout fail with the output of `show`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    outputs = "".join(f"\n--- {worker.name} ---\n{worker.output()}" for worker in show)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}{outputs}")
