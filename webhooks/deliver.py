@@ -159,14 +159,19 @@ def redeliver(delivery: Delivery) -> bool:
 # --- One attempt -----------------------------------------------------------------
 
 
-def run_delivery(delivery_id: str) -> Outcome:
-    """One attempt, if a slot for the destination host is free. Failures raise DeliveryFailed."""
-    target = (
+def pending_url(delivery_id: str) -> str | None:
+    """Where an unfinished delivery goes; None once it is finished or deleted."""
+    return (
         Delivery.objects.filter(id=delivery_id)
         .exclude(status__in=Delivery.FINISHED)
         .values_list("url", flat=True)
         .first()
     )
+
+
+def run_delivery(delivery_id: str) -> Outcome:
+    """One attempt, if a slot for the destination host is free. Failures raise DeliveryFailed."""
+    target = pending_url(delivery_id)
     if target is None:
         log.info(
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}

@@ -13,7 +13,6 @@ from django.utils import timezone
 from ratelimit.retry import Deferred, PlumbTask, backoff_delay
 from webhooks import deliver, schedule
 from webhooks.deliver import MalformedDeliveryMessage, Outcome, TransientDeliveryError
-from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +32,7 @@ class WebhookTask(PlumbTask):
     def downstream_host(self, args, kwargs):
         """The destination host: while it is failing, its deliveries are parked, not tried."""
         delivery_id, _ = deliver.parse_message(args, kwargs)
-        url = (
-            Delivery.objects.filter(id=delivery_id)
-            .exclude(status__in=Delivery.FINISHED)
-            .values_list("url", flat=True)
-            .first()
-        )
+        url = deliver.pending_url(delivery_id)
         # A finished or deleted delivery is skipped by the run itself, without a breaker.
         return None if url is None else httpx.URL(url).host
 
