@@ -83,13 +83,14 @@ def run() -> int:
     from prometheus_client import CollectorRegistry, Counter, multiprocess
     from prometheus_client.exposition import generate_latest
 
+    from config.redis import redis_client
     from observability import collector, gauges, metrics
-    from observability.metrics import Field, minute_of, redis_connection
+    from observability.metrics import Field, minute_of
 
     # The gauges read the database; this compares only the stored totals.
     gauges.queue_snapshot = lambda: gauges.QueueSnapshot(0, 0, 0, 0)
 
-    client = redis_connection()
+    client = redis_client()
 
     def bucket_only():
         minute = minute_of()

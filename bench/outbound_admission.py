@@ -28,6 +28,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from config.redis import redis_client  # noqa: E402
 from ratelimit.admission import admit  # noqa: E402
 from ratelimit.observations import (  # noqa: E402
     HOT_KEY_PREFIX,
@@ -36,7 +37,6 @@ from ratelimit.observations import (  # noqa: E402
     RateLimitObservation,
     latest_from_database,
     record,
-    shared_redis,
 )
 
 ROWS = 20000
@@ -71,7 +71,7 @@ def main() -> None:
     print(f"database / Redis: {database_us / hot_us:.1f}x")
 
     RateLimitObservation.objects.filter(key__startswith="bench:").delete()
-    client = shared_redis()
+    client = redis_client()
     for hot in client.scan_iter(f"{HOT_KEY_PREFIX}bench:*"):
         client.delete(hot)
 

@@ -16,6 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 
+from config.redis import redis_client
 from observability import gauges
 from observability.metrics import (
     BREAKER_STATES,
@@ -32,7 +33,6 @@ from observability.metrics import (
     bucket_label,
     counter_key,
     histogram_key,
-    redis_connection,
 )
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class PlumbCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        pipe = redis_connection().pipeline(transaction=False)
+        pipe = redis_client().pipeline(transaction=False)
         for metric in COUNTERS:
             pipe.hgetall(counter_key(metric))
         for metric in HISTOGRAMS:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from observability.metrics import redis_connection
+from config.redis import redis_client
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def queue_snapshot() -> QueueSnapshot:
     from audits.backlog import backlog_snapshot
     from reaudit.services import count_scheduled
 
-    client = redis_connection()
+    client = redis_client()
     backlog = backlog_snapshot(client)
     return QueueSnapshot(
         waiting=backlog.waiting,

@@ -260,12 +260,6 @@ def minute_of(now: float | None = None) -> int:
     return int((time.time() if now is None else now) // 60)
 
 
-def redis_connection() -> redis.Redis:
-    """This process's client for REDIS_URL: the project's one, which fails fast, since a
-    metric is never worth holding up an audit or a request."""
-    return redis_client()
-
-
 def bucket_label(bound: float) -> str:
     """A histogram bucket's `le` as Prometheus writes it (1 -> "1.0")."""
     return floatToGoString(bound)
@@ -327,7 +321,7 @@ def _expiry(minute: int) -> int:
 
 def _record(event: str, write: Callable[[_Recorder], None], now: float | None) -> None:
     try:
-        pipe = redis_connection().pipeline(transaction=False)
+        pipe = redis_client().pipeline(transaction=False)
         write(_Recorder(pipe, minute_of(now)))
         pipe.execute()
     except redis.RedisError as exc:

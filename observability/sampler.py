@@ -16,8 +16,9 @@ import time
 from celery import signals
 from django.db import connections
 
+from config.redis import redis_client
 from observability import gauges
-from observability.metrics import BREAKER_STATES, minute_of, record_samples, redis_connection
+from observability.metrics import BREAKER_STATES, minute_of, record_samples
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 def sample_once(*, now: float | None = None) -> bool:
     """Record this minute's gauge readings unless a process already has. True if this one did."""
     minute = minute_of(now)
-    if not redis_connection().set(f"metrics:sampled:{minute}", 1, nx=True, ex=180):
+    if not redis_client().set(f"metrics:sampled:{minute}", 1, nx=True, ex=180):
         return False
     snapshot = gauges.queue_snapshot()
     values: dict[str, int | float] = snapshot.as_dict()

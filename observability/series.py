@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from config.redis import redis_client
 from observability.metrics import (
     ADMISSION_DECISIONS,
     BREAKER_STATES,
@@ -19,7 +20,6 @@ from observability.metrics import (
     jobs_key,
     minute_key,
     minute_of,
-    redis_connection,
 )
 
 BACKLOG_PARTS = ("waiting", "retrying", "scheduled", "running")
@@ -67,7 +67,7 @@ def stats(window_name: str, *, now: float | None = None) -> dict:
         minutes[i : i + window.step_minutes] for i in range(0, len(minutes), window.step_minutes)
     ]
 
-    client = redis_connection()
+    client = redis_client()
     pipe = client.pipeline(transaction=False)
     for minute in minutes:
         pipe.hgetall(minute_key(minute))

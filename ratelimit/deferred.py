@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
 
+from config.redis import redis_client
 from ratelimit.admission import admit
-from ratelimit.observations import shared_redis
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,11 @@ def publish(parked: ParkedTask, *, countdown: float = 0.0) -> None:
 
 
 def park(parked: ParkedTask, *, due: float) -> None:
-    shared_redis().zadd(PARKED_KEY, {parked.dumps(): due})
+    redis_client().zadd(PARKED_KEY, {parked.dumps(): due})
 
 
 def parked_count() -> int:
-    return shared_redis().zcard(PARKED_KEY)
+    return redis_client().zcard(PARKED_KEY)
 
 
 def wake_due(*, now: float | None = None) -> int:
@@ -97,7 +97,7 @@ def wake_due(*, now: float | None = None) -> int:
     """
     from ratelimit.retry import retry_after_delay
 
-    client = shared_redis()
+    client = redis_client()
     now = time.time() if now is None else now
     woken = 0
     for raw, due in client.zrangebyscore(

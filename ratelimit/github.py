@@ -27,13 +27,13 @@ import httpx
 import jwt
 from django.conf import settings
 
+from config.redis import redis_client
 from ratelimit.admission import RateLimited
 from ratelimit.client import OutboundClient
 from ratelimit.observations import (
     github_app_key,
     github_installation_key,
     github_token_key,
-    shared_redis,
 )
 from ratelimit.politeness import GITHUB_SERIAL
 
@@ -122,7 +122,7 @@ class InstallationTokens:
         return f"github:installation-token-mint:{self.credentials.installation_id}"
 
     def cached(self) -> str | None:
-        raw = shared_redis().get(self.cache_key)
+        raw = redis_client().get(self.cache_key)
         if raw is None:
             return None
         entry = json.loads(raw)
@@ -140,7 +140,7 @@ class InstallationTokens:
         token = self.cached()
         if token is not None and token != refused:
             return token
-        with shared_redis().lock(
+        with redis_client().lock(
             self.lock_key,
             timeout=MINT_LOCK_TIMEOUT_SECONDS,
             blocking_timeout=MINT_LOCK_TIMEOUT_SECONDS,
@@ -169,7 +169,7 @@ class InstallationTokens:
             raise GitHubError(f"minting an installation token answered {response.status_code}")
         body = response.json()
         expires_at = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
-        shared_redis().set(
+        redis_client().set(
             self.cache_key,
             json.dumps({"token": body["token"], "expires_at": expires_at}),
             ex=max(1, int(expires_at - time.time())),

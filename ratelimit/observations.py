@@ -171,11 +171,6 @@ class Observation:
         return until
 
 
-def shared_redis() -> redis.Redis:
-    """The project's Redis client (config.redis): one per process and URL."""
-    return redis_client()
-
-
 def hot_key(key: str, resource: str) -> str:
     return f"{HOT_KEY_PREFIX}{key}|{resource}"
 
@@ -229,7 +224,7 @@ def _hot_ttl(observation: Observation, now: float) -> int:
 
 def remember(observation: Observation, *, client: redis.Redis | None = None) -> None:
     """Merge an observation into the hot store (Redis only)."""
-    client = client or shared_redis()
+    client = client or redis_client()
     client.eval(
         MERGE_SCRIPT,
         1,
@@ -283,7 +278,7 @@ def _number(raw: bytes | None, cast=float):
 
 def latest(key: str, resource: str) -> Observation | None:
     """The newest word on exactly this bucket: Redis, else the database."""
-    client = shared_redis()
+    client = redis_client()
     raw = client.hmget(hot_key(key, resource), FIELDS)
     if raw[0] is not None:
         observed_at = float(raw[0])

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from config.redis import redis_client
 from ratelimit.admission import RateLimited
-from ratelimit.observations import shared_redis
 
 # Polled while all slots are taken: nobody announces a release.
 BUSY_POLL_SECONDS = 0.05
@@ -72,7 +72,7 @@ def try_acquire(
     """Take a slot for `host`: None if taken, else seconds worth waiting before trying again."""
     now = time.time() if now is None else now
     interval = 1.0 / politeness.rate if politeness.rate else 0.0
-    taken, wait_ms = shared_redis().eval(
+    taken, wait_ms = redis_client().eval(
         ACQUIRE_SCRIPT,
         2,
         *_keys(host),
@@ -88,7 +88,7 @@ def try_acquire(
 
 
 def release(host: str, token: str) -> None:
-    shared_redis().zrem(_keys(host)[0], token)
+    redis_client().zrem(_keys(host)[0], token)
 
 
 @contextlib.contextmanager
