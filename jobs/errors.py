@@ -1,0 +1,86 @@
+"""The one failure taxonomy every Plumb job raises, whatever it calls.
+
+Downstream code (the page fetch, a link check, GitHub, a webhook POST) says what
+went wrong with one of these, and the job runtime decides what happens next
+(`jobs.policy`): a `Transient` error is retried with backoff, or after the
+downstream's own `retry_after` in full; a `RateLimited` wait is deferred without
+spending an attempt; a `Permanent` error ends the job at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class Transient(Exception):
+    """Worth trying again later: a timeout, a refused connection, a 5xx, a 429.
+
+    `retry_after` is the downstream's own wait in seconds (Retry-After), obeyed in
+    full; None lets the policy's backoff decide.
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, status_code: int | None = None
+    ):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.status_code = status_code
+
+    def __reduce__(self):
+        return (_rebuild, (self.__class__, self.args, self.__dict__))
+
+
+class RateLimited(Transient):
+    """A call may not be made before `retry_at` (epoch seconds): wait, do not spend an attempt.
+
+    `key` and `resource` name the bucket the call waits on (`host:example.com`,
+    `default`; `github-installation:77`, `core`): the job is woken when that bucket
+    admits it again. `retry_at` None means nobody said when (all of a host's
+    slots are busy): the policy backs off on the job's deferral count.
+    """
+
+    def __init__(self, key: str, resource: str, retry_at: float | None, reason: str = ""):
+        self.key = key
+        self.resource = resource
+        self.retry_at = retry_at
+        self.reason = reason
+        when = (
+            "until " + time.strftime("%H:%M:%S UTC", time.gmtime(retry_at))
+            if retry_at is not None
+            else "for now"
+        )
+        super().__init__(
+            f"{key} {resource} rate limited {when}{': ' + reason if reason else ''}",
+            retry_after=None if retry_at is None else max(0.0, retry_at - time.time()),
+        )
+
+    @property
+    def wait_on(self) -> tuple[str, str]:
+        """The bucket whose admission wakes the waiting job."""
+        return self.key, self.resource
+
+    def __reduce__(self):
+        return (self.__class__, (self.key, self.resource, self.retry_at, self.reason))
+
+
+class Permanent(Exception):
+    """Trying again cannot help: a forbidden target, a redirect loop, a receiver's 4xx."""
+
+    def __init__(self, message: str, *, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class MalformedTaskMessage(Permanent):
+    """A message no retry can fix: its arguments cannot belong to a real task."""
+
+
+class CannotReplay(Exception):
+    """Replaying this dead letter would make no sense; the message says why."""
+
+
+def _rebuild(cls, args, state):
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error

@@ -1,0 +1,125 @@
+"""The one retry policy: how long a job waits, and whether a wait is held or stored.
+
+Every wait Plumb imposes comes from `delay()`:
+
+- a retry after an error: exponential backoff from the policy's base, capped, with
+  multiplicative jitter in [0.75, 1.25] applied after the cap as well, so jobs that
+  failed together do not come back together even at the cap (DECISIONS.md, "Retries",
+  has the measurements);
+- a known wait (a downstream's Retry-After, a bucket's reset): obeyed in full, never
+  shortened, plus up to 10 % (at least up to a second) more;
+- a breaker park: until the breaker's release time for this job, plus up to a second;
+- a deferral nobody timed (every slot of a host busy): backoff on the job's deferral
+  count from the policy's `defer_base`, capped at `defer_max`.
+
+A task declares its policy with one `RetryPolicy` object. Values that operators set
+are read when used (a callable), so a changed setting applies without a restart
+of anything but the process that reads it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from django.conf import settings
+
+from jobs.errors import Transient
+
+JITTER_LOW, JITTER_HIGH = 0.75, 1.25
+# A breaker spaces its releases itself; the jitter only breaks ties within a second.
+PARK_JITTER_SECONDS = 1.0
+
+Reason = Literal["retry", "deferral", "park"]
+RETRY: Reason = "retry"
+DEFERRAL: Reason = "deferral"
+PARK: Reason = "park"
+
+
+def _setting(name: str) -> Callable[[], float]:
+    return lambda: getattr(settings, name)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What one kind of job does when it cannot finish now.
+
+    max_attempts     runs before the job is dead-lettered (a deferral or a park is no run)
+    backoff_base     first retry's delay, doubled each attempt ...
+    backoff_max      ... up to this cap
+    max_deferrals    rate-limit waits without an attempt spent; past them a wait spends one
+    defer_base/max   backoff for a deferral nobody gave a time for (a busy host)
+    countdowns_held  short waits ride in the broker as ETA messages a worker holds; False
+                     keeps every wait in the delayed store (a worker holds only what it runs)
+    retry_on         errors worth a retry besides `Transient` (a database outage)
+    counts_as_job    the product's work (audits, link checks, deliveries): counted in
+                     the attempt, completion and unique-job metrics; housekeeping is not
+    """
+
+    max_attempts: Callable[[], int] = _setting("AUDIT_MAX_ATTEMPTS")
+    backoff_base: Callable[[], float] = _setting("RETRY_BACKOFF_BASE_SECONDS")
+    backoff_max: Callable[[], float] = _setting("RETRY_BACKOFF_MAX_SECONDS")
+    max_deferrals: int = 10
+    defer_base: float = 0.25
+    defer_max: Callable[[], float] = _setting("RETRY_BACKOFF_MAX_SECONDS")
+    countdowns_held: bool = True
+    retry_on: tuple[type[BaseException], ...] = field(default=())
+    counts_as_job: bool = True
+
+    def retries(self, exc: BaseException | None) -> bool:
+        return isinstance(exc, (Transient, *self.retry_on))
+
+
+def jitter_enabled() -> bool:
+    # Off only to reproduce the old, unjittered policy in a benchmark (RETRY_JITTER=false).
+    return settings.RETRY_JITTER
+
+
+def exponential(step: int, *, base: float, cap: float) -> float:
+    """base x 2^(step - 1), at most `cap` (step 1 is the first wait)."""
+    return min(cap, base * (2 ** max(0, step - 1)))
+
+
+def delay(
+    policy: RetryPolicy,
+    reason: Reason = RETRY,
+    *,
+    step: int = 1,
+    after: float | None = None,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds to wait before a job runs again.
+
+    `step` counts the waits of this kind so far, this one included (the attempt for
+    a retry, the deferral count for a deferral); `after` is a wait somebody named:
+    a Retry-After, a bucket's reset, a breaker's release time.
+    """
+    rng = rng or random
+    jitter = jitter_enabled()
+    if after is not None:
+        after = max(0.0, after)
+        if not jitter:
+            return after
+        if reason == PARK:
+            return after + rng.uniform(0, PARK_JITTER_SECONDS)
+        return after + rng.uniform(0, max(1.0, 0.1 * after))
+    if reason == DEFERRAL:
+        wait = exponential(step, base=policy.defer_base, cap=policy.defer_max())
+    else:
+        wait = exponential(step, base=policy.backoff_base(), cap=policy.backoff_max())
+    return wait * rng.uniform(JITTER_LOW, JITTER_HIGH) if jitter else wait
+
+
+def longest_held_countdown(queue: str, time_limit: float | None) -> float:
+    """The longest wait a worker of `queue` may hold as an ETA message.
+
+    A held message is redelivered once it has been unacked longer than the queue's
+    visibility timeout, and it is held for the countdown plus the run, so the
+    countdown leaves room for the task's hard time limit and a margin. Anything
+    longer goes to the delayed store (jobs.delayed).
+    """
+    visibility = settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
+    margin = max(10.0, 0.1 * visibility)
+    return max(0.0, visibility - (time_limit or 0) - margin)
