@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class AuditsConfig(AppConfig):
     name = "audits"
     verbose_name = "Audits"
+
+    def ready(self):
+        # Django's place for wiring that needs the models loaded: the queue's gauges.
+        from audits.admission import queue_gauges
+        from observability import gauges
+
+        gauges.register("audits_queue", queue_gauges)

@@ -13,8 +13,9 @@
     /huge?mb=8              an HTML page of `mb` megabytes
     /flaky?key=k&fail=2     500 for the first `fail` requests per key, then 200
                             (after `delay` seconds, if given)
-    /busy?key=k&fail=1&retry_after=5
-                            503 with that Retry-After for the first `fail` requests per key
+    /busy?key=k&fail=1&retry_after=5&status=503
+                            503 (or `status`, say 429) with that Retry-After for the first
+                            `fail` requests per key
     /loop                   redirects to itself
     /trickle                a body that never ends, a byte every half second
 """
@@ -178,7 +179,7 @@ class DemoSiteHandler(BaseHTTPRequestHandler):
             count = self.server.flaky_counts[key]
         if count <= int(query.get("fail", "1")):
             self._send(
-                503,
+                int(query.get("status", "503")),
                 b"busy, come back later",
                 content_type="text/plain",
                 headers={"Retry-After": query.get("retry_after", "5")},

@@ -11,6 +11,7 @@ from urllib.parse import urljoin
 import httpx
 
 from audits.targets import GuardedNetworkBackend, InvalidURL, TargetNotAllowed, normalize_url
+from jobs.errors import Permanent, Transient
 from ratelimit.client import OutboundClient
 from ratelimit.headers import parse_retry_after
 
@@ -24,7 +25,7 @@ class FetchError(Exception):
     """A fetch that produced no page to report on."""
 
 
-class TransientFetchError(FetchError):
+class TransientFetchError(FetchError, Transient):
     """Worth trying again later: a timeout, a refused connection, a 5xx."""
 
     def __init__(
@@ -35,7 +36,7 @@ class TransientFetchError(FetchError):
         self.status_code = status_code
 
 
-class PermanentFetchError(FetchError):
+class PermanentFetchError(FetchError, Permanent):
     """Trying again cannot help: a forbidden target, a redirect loop."""
 
 

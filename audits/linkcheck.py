@@ -21,7 +21,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -32,7 +32,7 @@ from django.utils import timezone
 from audits.fetch import MAX_REDIRECTS, REDIRECT_STATUSES, TRANSIENT_STATUSES, build_client
 from audits.models import Audit, LinkCheck
 from audits.targets import InvalidURL, TargetNotAllowed, normalize_url
-from ratelimit.admission import RateLimited
+from jobs.errors import Transient
 from ratelimit.client import OutboundClient
 from ratelimit.github import GitHubClient, GitHubCredentials, GitHubError
 from ratelimit.headers import parse_retry_after
@@ -53,7 +53,7 @@ GITHUB_RESERVED = {
 }  # fmt: skip
 
 
-class TransientLinkError(Exception):
+class TransientLinkError(Transient):
     """Worth checking again later: a timeout, a refused connection, a 5xx."""
 
     def __init__(self, message: str, *, retry_after: float | None = None):
@@ -180,15 +180,24 @@ def check_http(url: str) -> LinkOutcome:
 # --- The audit's side --------------------------------------------------------
 
 
-def start_link_checks(audit: Audit, result: dict) -> bool:
+@dataclass(frozen=True)
+class QueuedCheck:
+    """A link check to publish: its row and the task id stored on it."""
+
+    link_check_id: int
+    task_id: str
+
+
+def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedCheck]]:
     """Move the audit to `checking_links` with one queued check per external link.
 
-    Returns False when there is nothing to check (the caller finishes the audit).
-    Links over AUDIT_MAX_LINK_CHECKS are recorded as skipped.
+    Returns whether it moved (False: nothing to check, the caller finishes the audit)
+    and the checks to publish, committed. Links over AUDIT_MAX_LINK_CHECKS are
+    recorded as skipped.
     """
     links = result.get("external_links") or []
     if not links:
-        return False
+        return False, []
     cap = settings.AUDIT_MAX_LINK_CHECKS
     rows = [LinkCheck(audit=audit, url=url, task_id=str(uuid.uuid4())) for url in links[:cap]] + [
         LinkCheck(
@@ -208,26 +217,19 @@ def start_link_checks(audit: Audit, result: dict) -> bool:
             + timedelta(seconds=settings.AUDIT_LINKCHECK_DEADLINE_SECONDS),
         )
         if not moved:
-            return True  # finished or taken over meanwhile: nothing more to do here
+            return True, []  # finished or taken over meanwhile: nothing more to do here
         # A redelivered audit finds its rows already there and enqueues the unfinished ones again.
         LinkCheck.objects.bulk_create(rows, ignore_conflicts=True)
-        queued = list(
-            LinkCheck.objects.filter(audit=audit, status=LinkCheck.Status.QUEUED).values_list(
-                "id", "task_id"
-            )
-        )
-        transaction.on_commit(lambda: enqueue_link_checks(queued))
+        queued = [
+            QueuedCheck(link_check_id, task_id)
+            for link_check_id, task_id in LinkCheck.objects.filter(
+                audit=audit, status=LinkCheck.Status.QUEUED
+            ).values_list("id", "task_id")
+        ]
     if not queued:
         finish_link_checks(str(audit.id))
     log.info("audit.checking_links", extra={"audit_id": str(audit.id), "links": len(links)})
-    return True
-
-
-def enqueue_link_checks(queued: list[tuple[int, str]]) -> None:
-    from audits.tasks import check_link
-
-    for link_check_id, task_id in queued:
-        check_link.apply_async(args=[link_check_id], task_id=task_id, queue=settings.AUDIT_QUEUE)
+    return True, queued
 
 
 def run_link_check(link_check_id: int) -> LinkCheck | None:
@@ -262,11 +264,12 @@ def record_outcome(link_check_id: int, outcome: LinkOutcome) -> bool:
     return bool(updated)
 
 
-def mark_rate_limited(link_check_id: int, exc: RateLimited) -> None:
+def mark_waiting(link_check_id: int, *, why: str, seconds: float) -> None:
+    """A rate limit holds the check back: pending, with when it will try again."""
     LinkCheck.objects.filter(id=link_check_id, status__in=LinkCheck.UNFINISHED).update(
         status=LinkCheck.Status.RATE_LIMITED_PENDING,
-        retry_at=datetime.fromtimestamp(exc.retry_at, tz=UTC),
-        detail=f"waiting for {exc.key} {exc.resource}",
+        retry_at=timezone.now() + timedelta(seconds=seconds),
+        detail=why,
     )
 
 
@@ -288,8 +291,6 @@ def finish_audit_if_checked(audit_id: str) -> bool:
 
 
 def finish_link_checks(audit_id: str, *, deadline_passed: bool = False) -> bool:
-    from audits.services import finish_audit
-
     audit = Audit.objects.filter(id=audit_id, status=Audit.Status.CHECKING_LINKS).first()
     if audit is None:
         return False
@@ -307,7 +308,7 @@ def finish_link_checks(audit_id: str, *, deadline_passed: bool = False) -> bool:
             "deadline_passed": deadline_passed,
         },
     }
-    return finish_audit(audit_id, status=Audit.Status.SUCCEEDED, result=result)
+    return Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
 
 
 def finish_overdue_link_checks(*, now: datetime | None = None) -> int:

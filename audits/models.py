@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import logging
 import uuid
+from functools import partial
 
-from django.db import models
+from django.db import models, transaction
+from django.utils import timezone
+
+from audits.signals import audit_finished
+
+log = logging.getLogger(__name__)
 
 
 class Page(models.Model):
@@ -21,6 +28,28 @@ class Page(models.Model):
 
     def __str__(self) -> str:
         return self.url
+
+
+class AuditQuerySet(models.QuerySet):
+    def finish(self, audit_id, *, status: str, result: dict | None = None, error: str = "") -> bool:
+        """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
+
+        Once the finish commits, `audit_finished` goes out (a callback URL hears of it).
+        """
+        updated = (
+            self.filter(id=audit_id)
+            .exclude(status__in=Audit.FINISHED)
+            .update(status=status, result=result, error=error, finished_at=timezone.now())
+        )
+        if updated:
+            log.info(
+                "audit.finished",
+                extra={"audit_id": str(audit_id), "status": status, "error": error},
+            )
+            transaction.on_commit(
+                partial(audit_finished.send, sender=Audit, audit_id=str(audit_id))
+            )
+        return bool(updated)
 
 
 class Audit(models.Model):
@@ -61,6 +90,8 @@ class Audit(models.Model):
     # The secret is write-only: never in API responses, admin pages or logs.
     callback_url = models.CharField(max_length=2048, blank=True)
     callback_secret = models.CharField(max_length=128, blank=True)
+
+    objects = AuditQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]

@@ -14,6 +14,7 @@ the claim in `claim_audit` makes the duplicate harmless.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -28,10 +29,11 @@ log = logging.getLogger(__name__)
 BATCH = 500
 
 
-def requeue_stuck_audits(*, older_than_seconds: float | None = None) -> int:
-    """Publish again every audit queued longer than the threshold; returns how many."""
-    from audits.services import enqueue_audit
-
+def requeue_stuck_audits(
+    *, enqueue: Callable[[Audit], bool], older_than_seconds: float | None = None
+) -> int:
+    """Publish again (`enqueue`, which says whether the broker took it) every audit queued
+    longer than the threshold; returns how many."""
     threshold = older_than_seconds
     if threshold is None:
         threshold = settings.AUDIT_REQUEUE_AFTER_SECONDS
@@ -46,7 +48,7 @@ def requeue_stuck_audits(*, older_than_seconds: float | None = None) -> int:
     )
     requeued = 0
     for audit in stuck:
-        if not enqueue_audit(audit):
+        if not enqueue(audit):
             break  # the broker is still down: the next run tries again
         Audit.objects.filter(id=audit.id).update(requeued_at=timezone.now())
         requeued += 1

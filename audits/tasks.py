@@ -1,3 +1,11 @@
+"""The audits queue's tasks, and the one place that publishes them.
+
+The tasks are thin: they take primary keys and call the plain functions in
+audits.services and audits.linkcheck, which change rows and return what must be
+published next. Their waits, retries, breaker and dead letters are the job
+runtime's (jobs.task.PlumbTask), shaped by each task's policy.
+"""
+
 from __future__ import annotations
 
 import logging
@@ -5,30 +13,36 @@ import uuid
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
-from audits import backlog, linkcheck, services
-from audits.fetch import TransientFetchError
+from audits import linkcheck, reconcile, services
+from audits.linkcheck import QueuedCheck
 from audits.models import Audit
-from ratelimit import parking
-from ratelimit.admission import RateLimited
-from ratelimit.deadletters import CannotReplay, MalformedTaskMessage
-from ratelimit.retry import DATABASE_UNAVAILABLE, PlumbTask, defer, deferrals
+from jobs.errors import CannotReplay, MalformedTaskMessage
+from jobs.policy import DATABASE_UNAVAILABLE, DEFERRAL, RETRY, RetryPolicy
+from jobs.task import PlumbTask
 
 log = logging.getLogger(__name__)
-
-# A page whose host keeps rate-limiting us is deferred this often (no attempt
-# spent) before its waits start counting as attempts, so it fails in the end.
-MAX_AUDIT_DEFERRALS = 10
 
 # Bounded by the fetch timeout; the hard limit only catches a stuck parser.
 AUDIT_SOFT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30
 AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
+# A check is bounded by the fetch timeout; its inline rate-limit waits by
+# RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most.
+LINK_CHECK_TIME_LIMIT_SECONDS = (
+    settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
+)
+
+AUDIT_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE)
+LINK_CHECK_POLICY = RetryPolicy()
+# Housekeeping: not the product's work, so not counted as jobs.
+HOUSEKEEPING_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE, counts_as_job=False)
 
 
 class AuditTask(PlumbTask):
-    max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
-    # Only the page's own failures count against its host's breaker (not a database outage).
-    downstream_failures = (TransientFetchError,)
+    policy = AUDIT_POLICY
 
     def downstream_host(self, args, kwargs):
         audit_id = args[0] if args else kwargs.get("audit_id")
@@ -46,34 +60,30 @@ class AuditTask(PlumbTask):
         # A finished audit (a duplicate delivery) is skipped without a breaker.
         return None if status in Audit.FINISHED else domain
 
-    def before_retry(self, exc, countdown, *, args, kwargs):
+    def before_wait(self, reason, seconds, *, why, args, kwargs):
         try:
-            services.mark_retrying(
-                args[0], error=f"attempt {self.request.retries + 1} failed: {exc}"
+            services.mark_waiting(
+                args[0], f"waiting ({reason}): {why}", attempt_spent=reason == RETRY
             )
         except DATABASE_UNAVAILABLE:
-            # The retry must still be published when the database is what failed.
-            log.warning("audit.retry_not_recorded", extra={"audit_id": args[0]})
-        if countdown > parking.longest_held_delay(self):
-            # Parked in Redis, not held in `unacked:audits`: still owed a slot.
-            backlog.note_parked(args[0], countdown)
-
-    def before_park(self, reason, delay, *, args, kwargs):
-        services.mark_retrying(args[0], error=f"waiting: {reason}")
-        backlog.note_parked(args[0], delay)
+            # The wait must still be stored when the database is what failed.
+            log.warning("audit.wait_not_recorded", extra={"audit_id": args[0]})
 
     def after_final_failure(self, exc, *, args, kwargs):
         if args and not isinstance(exc, MalformedTaskMessage):
             attempts = self.request.retries + 1
-            services.finish_audit(
-                str(args[0]), status="failed", error=f"gave up after {attempts} attempt(s): {exc}"
+            Audit.objects.finish(
+                str(args[0]),
+                status=Audit.Status.FAILED,
+                error=f"gave up after {attempts} attempt(s): {exc}",
             )
 
     def replay_dead_letter(self, args, kwargs):
         audit_id = args[0] if args else kwargs.get("audit_id")
-        audit = services.requeue_audit(str(audit_id))
+        audit = services.reset_failed_audit(str(audit_id))
         if audit is None:
             raise CannotReplay(f"audit {audit_id} is not failed (or is gone)")
+        transaction.on_commit(lambda: enqueue_audit(audit))
         return audit.task_id
 
 
@@ -82,22 +92,20 @@ class AuditTask(PlumbTask):
     base=AuditTask,
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
-    autoretry_for=(TransientFetchError, *DATABASE_UNAVAILABLE),
     soft_time_limit=AUDIT_SOFT_TIME_LIMIT_SECONDS,
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
-    try:
-        services.execute_audit(audit_id)
-    except RateLimited as exc:
-        if deferrals(self) >= MAX_AUDIT_DEFERRALS:
-            raise TransientFetchError(str(exc), retry_after=exc.retry_after) from exc
-        services.mark_deferred(audit_id, error=f"rate limited: {exc}")
-        defer(self, exc.retry_at, str(exc), key=exc.key, resource=exc.resource)
+    enqueue_link_checks(services.execute_audit(audit_id))
 
 
 class LinkCheckTask(PlumbTask):
-    max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+    policy = LINK_CHECK_POLICY
+
+    def before_wait(self, reason, seconds, *, why, args, kwargs):
+        if reason == DEFERRAL:
+            # Bounded by the audit's deadline: a check woken after it returns at once.
+            linkcheck.mark_waiting(args[0], why=why, seconds=seconds)
 
     def after_final_failure(self, exc, *, args, kwargs):
         if args:
@@ -109,32 +117,55 @@ class LinkCheckTask(PlumbTask):
     base=LinkCheckTask,
     name="audits.check_link",
     queue=settings.AUDIT_QUEUE,
-    autoretry_for=(linkcheck.TransientLinkError,),
-    # The check itself is bounded by the fetch timeout; inline rate-limit waits are
-    # bounded by RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most.
-    soft_time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS
-    + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
-    + 30,
-    time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS
-    + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
-    + 60,
+    soft_time_limit=LINK_CHECK_TIME_LIMIT_SECONDS - 30,
+    time_limit=LINK_CHECK_TIME_LIMIT_SECONDS,
 )
 def check_link(self, link_check_id: int) -> None:
-    try:
-        linkcheck.run_link_check(link_check_id)
-    except RateLimited as exc:
-        # Bounded by the audit's deadline: a check woken after it returns at once.
-        linkcheck.mark_rate_limited(link_check_id, exc)
-        defer(self, exc.retry_at, str(exc), key=exc.key, resource=exc.resource)
+    linkcheck.run_link_check(link_check_id)
 
 
-@shared_task(name="audits.finish_overdue_link_checks", queue=settings.AUDIT_QUEUE)
+class HousekeepingTask(PlumbTask):
+    policy = HOUSEKEEPING_POLICY
+
+
+@shared_task(
+    base=HousekeepingTask, name="audits.finish_overdue_link_checks", queue=settings.AUDIT_QUEUE
+)
 def finish_overdue_link_checks() -> None:
     linkcheck.finish_overdue_link_checks()
 
 
-@shared_task(name="audits.requeue_stuck_audits", queue=settings.AUDIT_QUEUE, ignore_result=True)
+@shared_task(base=HousekeepingTask, name="audits.requeue_stuck_audits", queue=settings.AUDIT_QUEUE)
 def requeue_stuck_audits() -> int:
-    from audits.reconcile import requeue_stuck_audits as requeue
+    return reconcile.requeue_stuck_audits(enqueue=enqueue_audit)
 
-    return requeue()
+
+# --- Publishing ------------------------------------------------------------------
+
+
+def enqueue_audit(audit: Audit) -> bool:
+    """Publish the audit's message; False (logged) if the broker cannot take it now.
+
+    Runs after the row is committed, so a failure here must not fail the request that
+    created it: the audit is accepted, and the reconciler (audits.reconcile) publishes
+    it again once the broker is back.
+    """
+    try:
+        run_audit.apply_async(
+            args=[str(audit.id)], task_id=audit.task_id, queue=settings.AUDIT_QUEUE
+        )
+    except (OperationalError, RedisError, OSError) as exc:
+        log.error(
+            "audit.enqueue_failed",
+            extra={"audit_id": str(audit.id), "error": f"{exc.__class__.__name__}: {exc}"},
+        )
+        return False
+    log.info("audit.enqueued", extra={"audit_id": str(audit.id), "trigger": audit.trigger})
+    return True
+
+
+def enqueue_link_checks(queued: list[QueuedCheck]) -> None:
+    for check in queued:
+        check_link.apply_async(
+            args=[check.link_check_id], task_id=check.task_id, queue=settings.AUDIT_QUEUE
+        )

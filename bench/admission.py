@@ -45,13 +45,13 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
+from audits import admission  # noqa: E402
 from audits import backlog as backlog_module  # noqa: E402
 from audits.api import views  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from audits.tasks import run_audit  # noqa: E402
 from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
 from config.redis import LuaScript, redis_client  # noqa: E402
-from ratelimit import submissions as admission  # noqa: E402
 
 HELD_COUNTS = (100, 100_000)
 QUEUE = settings.AUDIT_QUEUE

@@ -63,15 +63,17 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
+from ratelimit.retry import backoff_delay  # noqa: E402
 
-from audits import services  # noqa: E402
+from audits import (
+    submission,
+)
 from audits.models import Audit, Page  # noqa: E402
 from audits.targets import normalize_url  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
 from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from ratelimit import counters  # noqa: E402
 from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
-from ratelimit.retry import backoff_delay  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
 POLICIES = {
@@ -189,7 +191,7 @@ def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
         for index in range(args.jobs):
             due = index / args.rate
             time.sleep(max(0.0, due - (time.monotonic() - downstream.started)))
-            audit = services.submit_audit(normalize_url(f"{downstream.base_url}/job/{index}"))
+            audit = submission.submit_audit(normalize_url(f"{downstream.base_url}/job/{index}"))
             audit_ids[str(audit.id)] = index
         deadline = time.monotonic() + args.timeout
         while Audit.objects.exclude(status__in=Audit.FINISHED).exists():

@@ -302,7 +302,7 @@ def run_load(load: Load, args, workers: list[StackProcess], stop_at: float) -> l
 # --- the accounting -----------------------------------------------------------------
 def account(admitted: list[str]) -> dict:
     from audits.models import Audit
-    from ratelimit.models import DeadLetter
+    from jobs.models import DeadLetter
 
     rows = {
         str(audit_id): status

@@ -56,12 +56,12 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.utils import timezone  # noqa: E402
+from ratelimit.parking import parked_key  # noqa: E402
+from ratelimit.store import KEY_PREFIX  # noqa: E402
 
 from audits.models import Audit, Page  # noqa: E402
 from config.celery_app import app  # noqa: E402
 from config.redis import redis_client  # noqa: E402
-from ratelimit.parking import parked_key  # noqa: E402
-from ratelimit.store import KEY_PREFIX  # noqa: E402
 from webhooks.models import Delivery  # noqa: E402
 from webhooks.receiver import Receiver  # noqa: E402
 from webhooks.tasks import deliver_webhook  # noqa: E402

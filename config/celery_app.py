@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+from logging.config import dictConfig
 
 from celery import Celery, signals
+from django.conf import settings
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+from config.redis import redis_client
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -14,17 +19,15 @@ app = Celery("plumb")
 app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-# Every worker wakes the tasks parked for the queue it consumes (ratelimit.parking).
-app.steps["worker"].add("ratelimit.parking:ParkedTaskSweeper")
+# The worker's own threads, one bootstep each: every worker wakes its queue's delayed
+# jobs, and one of them samples the gauges each minute for the dashboard.
+app.steps["worker"].add("jobs.bootsteps:DelayedWaker")
+app.steps["worker"].add("jobs.bootsteps:MinuteSampler")
 
 
 @signals.setup_logging.connect
 def use_django_logging(**kwargs):
     """Log through Django's LOGGING so workers write the same key/value lines."""
-    from logging.config import dictConfig
-
-    from django.conf import settings
-
     dictConfig(settings.LOGGING)
 
 
@@ -37,8 +40,6 @@ def transport_options_for_queue(queue: str) -> dict:
     queue. Giving each queue's workers their own keys and timeout keeps a
     short-timeout worker from redelivering another queue's long-held messages.
     """
-    from django.conf import settings
-
     visibility_timeout = settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
     return {
         **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
@@ -53,11 +54,15 @@ def transport_options_for_queue(queue: str) -> dict:
     }
 
 
+@signals.worker_process_init.connect
+def connect_redis_in_pool_process(**kwargs):
+    """Each pool process makes its own Redis client as it starts, never its parent's."""
+    redis_client()
+
+
 @signals.celeryd_init.connect
 def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwargs):
     """Give a worker the transport options of the one queue it consumes (-Q)."""
-    from django.conf import settings
-
     queues = (options or {}).get("queues") or []
     if isinstance(queues, str):
         queues = queues.split(",")
@@ -77,9 +82,6 @@ def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwarg
 def queue_list_keys(queue: str) -> list[str]:
     """The Redis lists kombu keeps for `queue`: the queue's own key for priority 0 and
     queue + '\\x06\\x16' + step for each other priority step (kombu's `_q_for_pri`)."""
-    from django.conf import settings
-    from kombu.transport.redis import PRIORITY_STEPS, Channel
-
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     prefix = options.get("global_keyprefix", "")
     steps = sorted(set(options.get("priority_steps", PRIORITY_STEPS)))
@@ -103,8 +105,6 @@ def configure_webhooks_worker(conf, options: dict) -> None:
     With acks late and prefetch 1 a worker takes a message only when one of
     its threads is free, so this is also how many deliveries it holds.
     """
-    from django.conf import settings
-
     cap = settings.WEBHOOK_MAX_CONCURRENCY or UNCAPPED_WEBHOOK_THREADS
     given = options.get("concurrency")
     if given not in (None, "", cap, str(cap)):

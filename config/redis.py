@@ -1,30 +1,49 @@
-"""One Redis client per process for Plumb's own shared state (buckets, backlog, counters).
+"""Redis clients for Plumb's own state (buckets, backlog, delayed jobs, breakers, metrics).
 
-The broker has its own connections (kombu's); this client is for the keys Plumb
-reads and writes itself. It fails fast: a request that needs Redis while Redis is
-down should get its error in about a second, not after redis-py's default ten
-retries with backoff.
+The broker has its own connections (kombu's); these are for the keys Plumb reads and
+writes itself. Two rules keep them safe in a prefork worker:
+
+- A client belongs to the process that made it. `redis_client()` hands each process
+  its own, made on first use after a fork (`os.register_at_fork` forgets the parent's
+  in the child, and `worker_process_init` makes a pool process's client at once): a
+  pool process never touches a connection pool, or a pool's lock, that its parent
+  made, so a lock copied while a parent thread held it can never block it.
+- A thread of a worker's main process (the delayed-job waker, the minute sampler) uses
+  `dedicated_client()`, a client of its own, never the process's shared one.
+
+Every client fails fast: a request that needs Redis while Redis is down gets its
+error in about a second, not after redis-py's default retries with backoff.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
+import os
 
 import redis
 from django.conf import settings
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.commands.core import Script
 from redis.retry import Retry
 
 CONNECT_TIMEOUT_SECONDS = 1.0
 COMMAND_TIMEOUT_SECONDS = 2.0
 
+# URL -> this process's client. Emptied in a forked child before it runs any code.
+_process_clients: dict[str, redis.Redis] = {}
 
-@functools.cache
-def _client_for(url: str) -> redis.Redis:
+
+def _forget_inherited_clients() -> None:
+    # Dropped, not closed: the sockets are the parent's to close.
+    _process_clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_clients)
+
+
+def dedicated_client(url: str | None = None) -> redis.Redis:
+    """A new client with its own connection pool (for a thread that must not share one)."""
     return redis.Redis.from_url(
-        url,
+        url or settings.REDIS_URL,
         socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
         socket_timeout=COMMAND_TIMEOUT_SECONDS,
         # One retry covers a pooled connection the server closed while idle.
@@ -34,19 +53,26 @@ def _client_for(url: str) -> redis.Redis:
 
 
 def redis_client() -> redis.Redis:
-    """The client for settings.REDIS_URL (cached per URL, so tests may point it elsewhere)."""
-    return _client_for(settings.REDIS_URL)
+    """This process's client for settings.REDIS_URL (per URL, so tests may point it elsewhere)."""
+    url = settings.REDIS_URL
+    client = _process_clients.get(url)
+    if client is None:
+        client = _process_clients[url] = dedicated_client(url)
+    return client
 
 
-class LuaScript:
-    """A Lua script run by its SHA (EVALSHA), loaded on first use by each Redis server."""
+def lua(source: str) -> Script:
+    """A Lua script, run by its SHA and loaded on first use by each Redis server.
 
-    def __init__(self, source: str):
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+    Call it as `script(keys=[...], args=[...], client=redis_client())`.
+    """
+    return Script(None, source.encode())
 
-    def __call__(self, client: redis.Redis, keys: list[str], args: list) -> object:
-        try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(self.source, len(keys), *keys, *args)
+
+# Lua: `redis_now()` is the Redis server's clock, the one clock every process shares.
+REDIS_NOW_LUA = """
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""

@@ -53,10 +53,12 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    # Plumb's apps, each depending only on those above it.
+    "observability",
+    "jobs",
+    "ratelimit",
     "audits",
     "reaudit",
-    "ratelimit",
-    "observability",
     "webhooks",
 ]
 
@@ -188,8 +190,8 @@ WEBHOOK_QUEUE = "webhooks"
 
 AUDITS_VISIBILITY_TIMEOUT_SECONDS = env_int("AUDITS_VISIBILITY_TIMEOUT_SECONDS", 300, minimum=5)
 REAUDIT_VISIBILITY_TIMEOUT_SECONDS = env_int("REAUDIT_VISIBILITY_TIMEOUT_SECONDS", 1800, minimum=5)
-# A webhooks worker holds a message only while it runs it (retries wait in
-# Redis, not in the worker: see webhooks/schedule.py), so this only has to
+# A webhooks worker holds a message only while it runs it (its waits are in the
+# delayed store, not in the worker: see jobs/delayed.py), so this only has to
 # exceed one attempt: the request timeout plus the database's.
 WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS = env_int("WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS", 120, minimum=5)
 
@@ -229,7 +231,7 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Dead-letters messages the worker cannot run (undecodable, unknown task,
 # wrong shape) on their first delivery instead of only logging them.
-CELERY_WORKER_CONSUMER = "ratelimit.consumer:DeadLetteringConsumer"
+CELERY_WORKER_CONSUMER = "jobs.consumer:DeadLetteringConsumer"
 
 # --- Audits -------------------------------------------------------------------
 AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, minimum=0.1)
@@ -271,11 +273,6 @@ if any(_github_app) and not all(_github_app):
 
 # Periodic tasks, each on an explicit queue (beat syncs these into its database schedule).
 CELERY_BEAT_SCHEDULE = {
-    "wake-parked-tasks": {
-        "task": "ratelimit.wake_parked",
-        "schedule": 5.0,
-        "options": {"queue": AUDIT_QUEUE, "expires": 5.0},
-    },
     "requeue-stuck-audits": {
         "task": "audits.requeue_stuck_audits",
         "schedule": 60.0,
@@ -300,8 +297,6 @@ TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0, minimum=0.01)
 WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01)
-# Off only for the benchmark's naive baseline (exact doubling, to show the waves).
-WEBHOOK_BACKOFF_JITTER = env_bool("WEBHOOK_BACKOFF_JITTER", True)
 # Deliveries one webhooks worker process runs at once (its thread pool); 0: no cap.
 WEBHOOK_MAX_CONCURRENCY = env_int("WEBHOOK_MAX_CONCURRENCY", 16, minimum=0)
 # Deliveries in flight to one destination host across all workers; 0: no limit.
@@ -330,12 +325,8 @@ if REAUDIT_VISIBILITY_TIMEOUT_SECONDS <= REAUDIT_SLICE_SECONDS:
         "placements for up to one slice."
     )
 # --- Retries, breakers and parked tasks (ratelimit/) ---------------------------
-RETRY_JITTER_CHOICES = ("multiplicative", "full", "equal", "decorrelated", "none")
-RETRY_JITTER = env_str("RETRY_JITTER", "multiplicative").strip().lower()
-if RETRY_JITTER not in RETRY_JITTER_CHOICES:
-    raise ImproperlyConfigured(
-        f"RETRY_JITTER must be one of {', '.join(RETRY_JITTER_CHOICES)}, got {RETRY_JITTER!r}"
-    )
+# Off only to reproduce the old, unjittered policy in a benchmark (bench/retry_storm.py).
+RETRY_JITTER = env_bool("RETRY_JITTER", True)
 BREAKER_ENABLED = env_bool("BREAKER_ENABLED", True)
 BREAKER_FAILURE_RATE = env_float("BREAKER_FAILURE_RATE", 0.5, minimum=0.01)
 if BREAKER_FAILURE_RATE > 1:
@@ -346,7 +337,8 @@ BREAKER_MIN_CALLS = env_int("BREAKER_MIN_CALLS", 10, minimum=1)
 BREAKER_WINDOW_SECONDS = env_int("BREAKER_WINDOW_SECONDS", 30, minimum=1)
 BREAKER_OPEN_SECONDS = env_float("BREAKER_OPEN_SECONDS", 30.0, minimum=0.1)
 BREAKER_HALF_OPEN_PROBES = env_int("BREAKER_HALF_OPEN_PROBES", 3, minimum=1)
-PARKED_SWEEP_INTERVAL_SECONDS = env_float("PARKED_SWEEP_INTERVAL_SECONDS", 1.0, minimum=0.05)
+# How often each worker wakes the due entries of its queue's delayed store (jobs.delayed).
+DELAYED_POLL_INTERVAL_SECONDS = env_float("DELAYED_POLL_INTERVAL_SECONDS", 0.25, minimum=0.01)
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

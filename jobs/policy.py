@@ -24,9 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from django import db
 from django.conf import settings
 
 from jobs.errors import Transient
+
+# The database is down or unreachable: worth retrying, never the downstream's fault.
+DATABASE_UNAVAILABLE = (db.OperationalError, db.InterfaceError)
 
 JITTER_LOW, JITTER_HIGH = 0.75, 1.25
 # A breaker spaces its releases itself; the jitter only breaks ties within a second.
@@ -51,7 +55,7 @@ class RetryPolicy:
     backoff_max      ... up to this cap
     max_deferrals    rate-limit waits without an attempt spent; past them a wait spends one
     defer_base/max   backoff for a deferral nobody gave a time for (a busy host)
-    countdowns_held  short waits ride in the broker as ETA messages a worker holds; False
+    countdowns_held  short retries ride in the broker as ETA messages a worker holds; False
                      keeps every wait in the delayed store (a worker holds only what it runs)
     retry_on         errors worth a retry besides `Transient` (a database outage)
     counts_as_job    the product's work (audits, link checks, deliveries): counted in

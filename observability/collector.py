@@ -29,7 +29,6 @@ from observability.metrics import (
     QUEUE_RUNNING,
     QUEUE_SCHEDULED,
     QUEUE_WAITING,
-    RATE_LIMIT_REMAINING,
     bucket_label,
     counter_key,
     histogram_key,
@@ -85,43 +84,24 @@ def _histogram(metric, stored: dict[bytes, bytes]) -> HistogramMetricFamily:
     return family
 
 
-def _gauges() -> Iterator[Metric]:
-    # A gauge whose source cannot be read is left out of this scrape rather than
-    # failing it: the counters are still worth having.
-    try:
-        snapshot = gauges.queue_snapshot()
-    except Exception:
-        log.exception("metrics.gauge_unavailable", extra={"gauge": "queue"})
-    else:
-        for metric, value in (
-            (QUEUE_BACKLOG, snapshot.backlog),
-            (QUEUE_WAITING, snapshot.waiting),
-            (QUEUE_RETRYING, snapshot.retrying),
-            (QUEUE_RUNNING, snapshot.running),
-            (QUEUE_SCHEDULED, snapshot.scheduled),
-        ):
-            yield GaugeMetricFamily(metric.name, metric.help, value=value)
+QUEUE_GAUGES = (
+    (QUEUE_BACKLOG, "backlog"),
+    (QUEUE_WAITING, "waiting"),
+    (QUEUE_RETRYING, "retrying"),
+    (QUEUE_RUNNING, "running"),
+    (QUEUE_SCHEDULED, "scheduled"),
+)
 
-    try:
-        states = gauges.breaker_states()
-    except Exception:
-        log.exception("metrics.gauge_unavailable", extra={"gauge": "breakers"})
-    else:
+
+def _gauges() -> Iterator[Metric]:
+    values = gauges.read_all()
+    for metric, field in QUEUE_GAUGES:
+        if field in values:
+            yield GaugeMetricFamily(metric.name, metric.help, value=values[field])
+    if any(f"breakers:{state}" in values for state in BREAKER_STATES):
         family = GaugeMetricFamily(BREAKERS.name, BREAKERS.help, labels=BREAKERS.labels)
         for state in BREAKER_STATES:
-            family.add_metric([state], states.get(state, 0))
-        yield family
-
-    try:
-        remaining = gauges.rate_limit_remaining()
-    except Exception:
-        log.exception("metrics.gauge_unavailable", extra={"gauge": "rate_limits"})
-    else:
-        family = GaugeMetricFamily(
-            RATE_LIMIT_REMAINING.name, RATE_LIMIT_REMAINING.help, labels=RATE_LIMIT_REMAINING.labels
-        )
-        for key, value in sorted(remaining.items()):
-            family.add_metric([key], value)
+            family.add_metric([state], values.get(f"breakers:{state}", 0))
         yield family
 
 

@@ -1,59 +1,43 @@
-"""The state the gauges show, read when /metrics is scraped and once a minute for the dashboard.
+"""The gauges: readings of the product's state, registered by the apps that own them.
 
-One function per reading, so the code that owns each number (admission's backlog,
-the breakers, the outbound rate limits) can become the body of the function here
-and every reader follows.
+Observability reads the product only through this registry, so it imports no
+product app: `audits` registers its queue's backlog, `reaudit` the scheduled
+re-audits, `jobs` its breakers, each from its AppConfig.ready(). A reading is a
+mapping of sample field names to numbers; /metrics exposes them and the minute
+sampler keeps them for the dashboard.
+
+Fields the readers know: backlog, waiting, retrying, running, scheduled,
+breakers:<state>.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
 
-from config.redis import redis_client
+log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class QueueSnapshot:
-    waiting: int
-    retrying: int
-    running: int
-    scheduled: int
-
-    @property
-    def backlog(self) -> int:
-        """Admitted work not yet done and not running: what admission control weighs."""
-        return self.waiting + self.retrying
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "backlog": self.backlog,
-            "waiting": self.waiting,
-            "retrying": self.retrying,
-            "running": self.running,
-            "scheduled": self.scheduled,
-        }
+Reading = Callable[[], dict[str, int | float]]
+_readings: dict[str, Reading] = {}
 
 
-def queue_snapshot() -> QueueSnapshot:
-    """The backlog exactly as admission control weighs it, and the scheduled re-audits."""
-    from audits.backlog import backlog_snapshot
-    from reaudit.services import count_scheduled
-
-    client = redis_client()
-    backlog = backlog_snapshot(client)
-    return QueueSnapshot(
-        waiting=backlog.waiting,
-        retrying=backlog.retrying,
-        running=backlog.running,
-        scheduled=count_scheduled(),
-    )
+def register(name: str, reading: Reading) -> None:
+    """Add (or replace) the reading called `name`."""
+    _readings[name] = reading
 
 
-def breaker_states() -> dict[str, int]:
-    """How many circuit breakers are in each state (BREAKER_STATES). No breakers exist yet."""
-    return {}
+def read(name: str) -> dict[str, int | float]:
+    """One registered reading; raises whatever reading it raises."""
+    return _readings[name]()
 
 
-def rate_limit_remaining() -> dict[str, float]:
-    """Remaining requests per *watched* outbound key (a bounded, configured set). None yet."""
-    return {}
+def read_all() -> dict[str, int | float]:
+    """Every registered reading, merged. One that cannot be read is left out and logged:
+    the others are still worth having."""
+    values: dict[str, int | float] = {}
+    for name, reading in sorted(_readings.items()):
+        try:
+            values.update(reading())
+        except Exception:
+            log.exception("metrics.gauge_unavailable", extra={"gauge": name})
+    return values

@@ -13,14 +13,12 @@ become labels; they go into log lines.
 
 Who calls what:
     record_task_attempt / _retry / _completion / _failure / _audit_duration
-        observability.signals, for every Celery task. A retry through `Task.retry`
-        is counted there; its reason comes from the exception (`retry_reason`
-        attribute, or a 429), so code that retries that way must not call
-        `record_retry` as well. Code that sends a job again without `Task.retry`
-        calls it itself: `PlumbTask` when a breaker parks it ("breaker_parked"),
-        `ratelimit.retry.defer` when a rate limit does ("rate_limited").
-    record_downstream_request   every HTTP request to a downstream (audits.fetch: "host")
-    record_admission            where a submission is admitted or refused (ratelimit.submissions)
+        jobs.instrumentation, called by PlumbTask for the product's jobs only (audits,
+        link checks, webhook deliveries): an attempt once its breaker lets it run, a
+        retry for every wait by its reason (error, rate_limited, breaker_parked).
+    record_downstream_request   every HTTP request to a downstream (the outbound client)
+    admission decisions         counted by the admission script itself, in the same atomic
+                                step that decides (audits.admission, admission_metric_keys)
     record_dead_letter, record_breaker_transition
                                 where a job is dead-lettered, where a breaker changes state
     record_samples              observability.sampler, once a minute
@@ -143,20 +141,15 @@ QUEUE_WAITING = Metric(
     "plumb_queue_waiting", "gauge", "Audit messages in the broker queue, due and not yet taken."
 )
 QUEUE_RETRYING = Metric(
-    "plumb_queue_retrying", "gauge", "Audits waiting out a retry delay (backoff)."
+    "plumb_queue_retrying",
+    "gauge",
+    "Audits owed a worker slot, not yet due: retry backoff, breaker parks, rate-limit waits.",
 )
 QUEUE_RUNNING = Metric("plumb_queue_running", "gauge", "Audits a worker is running now.")
 QUEUE_SCHEDULED = Metric(
     "plumb_queue_scheduled", "gauge", "Re-audits scheduled for later, not yet due."
 )
 BREAKERS = Metric("plumb_breakers", "gauge", "Circuit breakers in each state.", ("state",))
-RATE_LIMIT_REMAINING = Metric(
-    "plumb_rate_limit_remaining",
-    "gauge",
-    "Requests a downstream says remain in its window, per watched key.",
-    ("key",),
-)
-
 # --- Histograms -----------------------------------------------------------------
 AUDIT_DURATION = Metric(
     "plumb_audit_duration_seconds",
@@ -199,7 +192,6 @@ GAUGES = (
     QUEUE_RUNNING,
     QUEUE_SCHEDULED,
     BREAKERS,
-    RATE_LIMIT_REMAINING,
 )
 HISTOGRAMS = (AUDIT_DURATION, DOWNSTREAM_LATENCY, QUEUE_WAIT)
 
@@ -275,10 +267,6 @@ def _check(name: str, value: str, allowed: Iterable[str]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
     return value
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
 
 
 class _Recorder:
@@ -421,35 +409,10 @@ def record_downstream_request(
     _record("downstream_request", write, now)
 
 
-def record_admission(
-    decision: str,
-    *,
-    in_backoff: bool,
-    backlog: int | None = None,
-    now: float | None = None,
-    write: bool = True,
-    **seen,
-) -> None:
-    """A submission was admitted or refused. A refusal logs `admission.refused` with the
-    backlog seen (and whatever else the caller saw: `seen`), so a refusal in the logs
-    says what it was measured against."""
-    _check("decision", decision, ADMISSION_DECISIONS)
-    if decision != "admitted":
-        log.info(
-            "admission.refused",
-            extra={"reason": decision, "backlog": backlog, "in_backoff": in_backoff, **seen},
-        )
-
-    if not write:
-        return  # counted by the caller in its own atomic step (admission_metric_keys)
-
-    def write_counts(r: _Recorder) -> None:
-        r.count(ADMISSION_DECISIONS_METRIC, decision, _flag(in_backoff))
-        r.bump(Field.admissions(decision))
-        if in_backoff:
-            r.bump(Field.admissions_in_backoff(decision))
-
-    _record("admission", write_counts, now)
+def read_counter(metric: Metric, *, client: redis.Redis | None = None) -> dict[tuple, float]:
+    """A counter's totals by label values: {("admitted", "false"): 12.0, ...}."""
+    stored = (client or redis_client()).hgetall(counter_key(metric))
+    return {tuple(json.loads(field)): float(value) for field, value in stored.items()}
 
 
 def admission_metric_keys(now: float | None = None) -> tuple[str, str, int]:

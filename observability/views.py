@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -58,11 +58,8 @@ def api_stats(request: HttpRequest) -> JsonResponse:
 
 
 def dead_letter_admin_url() -> str:
-    """Where an operator reviews dead letters: the failed audits until dead letters have a model."""
-    try:
-        return reverse("admin:audits_audit_changelist") + "?status__exact=failed"
-    except NoReverseMatch:
-        return reverse("admin:index")
+    """Where an operator reviews (and replays) dead letters."""
+    return reverse("admin:jobs_deadletter_changelist")
 
 
 @staff_member_required

@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from jobs.errors import RateLimited  # noqa: F401 (interim, until the outbound merge)
 from ratelimit.observations import SECONDARY_RESOURCE, latest
 
 # The inline ladder: 0.5 s, 1 s, 2 s, ... each scaled by a factor in [0.5, 1.5],
@@ -23,28 +24,6 @@ INLINE_LADDER_BASE_SECONDS = 0.5
 INLINE_JITTER_LOW, INLINE_JITTER_HIGH = 0.5, 1.5
 # Inline retries of one call before it is handed to the queue instead.
 MAX_INLINE_RETRIES = 3
-
-
-class RateLimited(Exception):
-    """A call may not be made before `retry_at` (epoch seconds): defer, do not sleep."""
-
-    def __init__(self, key: str, resource: str, retry_at: float, reason: str = ""):
-        self.key = key
-        self.resource = resource
-        self.retry_at = retry_at
-        self.reason = reason
-        super().__init__(
-            f"{key} {resource} rate limited until {time.strftime('%H:%M:%S', time.gmtime(retry_at))}"
-            f" UTC{': ' + reason if reason else ''}"
-        )
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds from now; what the retry policy reads from any transient error."""
-        return max(0.0, self.retry_at - time.time())
-
-    def __reduce__(self):
-        return (self.__class__, (self.key, self.resource, self.retry_at, self.reason))
 
 
 @dataclass(frozen=True)

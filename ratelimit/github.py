@@ -28,7 +28,7 @@ import jwt
 from django.conf import settings
 
 from config.redis import redis_client
-from ratelimit.admission import RateLimited
+from jobs.errors import RateLimited, Transient
 from ratelimit.client import OutboundClient
 from ratelimit.observations import (
     github_app_key,
@@ -53,7 +53,7 @@ query($owner: String!, $name: String!) {
 """
 
 
-class GitHubError(Exception):
+class GitHubError(Transient):
     """GitHub answered something a retry may fix (a 5xx, a broken body)."""
 
 

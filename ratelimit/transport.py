@@ -59,7 +59,7 @@ class Channel(redis.Channel):
 
 
 def _dead_letter_entry(queue: str, item: bytes, exc: Exception) -> None:
-    from ratelimit.deadletters import record_rejected_message
+    from jobs.deadletters import record_rejected_message
 
     raw = item.decode("utf-8", errors="backslashreplace") if isinstance(item, bytes) else str(item)
     raw = raw.replace("\x00", "\\x00")[:RAW_ENTRY_LIMIT]

@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class ReauditConfig(AppConfig):
     name = "reaudit"
     verbose_name = "Nightly re-audit"
+
+    def ready(self):
+        # Django's place for wiring that needs the models loaded: the scheduled gauge.
+        from observability import gauges
+        from reaudit.services import count_scheduled
+
+        gauges.register("scheduled", lambda: {"scheduled": count_scheduled()})

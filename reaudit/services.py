@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audits.models import Audit, Page
-from audits.services import create_and_enqueue_audit
+from audits.submission import create_and_enqueue_audit
 from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.offsets import domain_offset, page_offset, slice_count, slice_of
 

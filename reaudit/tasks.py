@@ -10,7 +10,8 @@ from celery import shared_task
 from django import db
 from django.conf import settings
 
-from ratelimit.retry import PlumbTask
+from jobs.policy import RetryPolicy
+from jobs.task import PlumbTask
 from reaudit import services
 
 # Lost connections are worth another attempt; anything else is a bug to see.
@@ -23,14 +24,14 @@ TRANSIENT_ERRORS = (
 
 
 class ReauditTask(PlumbTask):
-    max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
+    # Placing tonight's work is housekeeping: the audit it creates is the job.
+    policy = RetryPolicy(retry_on=TRANSIENT_ERRORS, counts_as_job=False)
 
 
 @shared_task(
     base=ReauditTask,
     name="reaudit.fan_out",
     queue=settings.REAUDIT_QUEUE,
-    autoretry_for=TRANSIENT_ERRORS,
 )
 def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     services.fan_out(date.fromisoformat(day) if day else None, window_seconds=window_seconds)
@@ -40,7 +41,6 @@ def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     base=ReauditTask,
     name="reaudit.publish_slice",
     queue=settings.REAUDIT_QUEUE,
-    autoretry_for=TRANSIENT_ERRORS,
 )
 def publish_slice(day: str, index: int, planned_at: str) -> None:
     services.publish_slice(date.fromisoformat(day), index, datetime.fromisoformat(planned_at))
@@ -50,7 +50,6 @@ def publish_slice(day: str, index: int, planned_at: str) -> None:
     base=ReauditTask,
     name="reaudit.place",
     queue=settings.REAUDIT_QUEUE,
-    autoretry_for=TRANSIENT_ERRORS,
 )
 def place(page_id: int, day: str) -> None:
     services.fire_placement(page_id, date.fromisoformat(day))
@@ -60,7 +59,6 @@ def place(page_id: int, day: str) -> None:
     base=ReauditTask,
     name="reaudit.catch_up",
     queue=settings.REAUDIT_QUEUE,
-    autoretry_for=TRANSIENT_ERRORS,
 )
 def catch_up() -> None:
     services.catch_up()

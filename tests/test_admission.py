@@ -7,13 +7,12 @@ import time
 
 import pytest
 import redis
+from audits.backlog import BacklogSnapshot, backlog_snapshot
 from django.conf import settings
 
-from audits import backlog
-from audits.backlog import BacklogSnapshot, backlog_snapshot
+from audits import admission, backlog
+from audits.admission import client_ip, submit_bucket_key, take_token
 from observability.metrics import minute_key, minute_of
-from ratelimit import submissions as admission
-from ratelimit.buckets import client_ip, submit_bucket_key, take_token
 
 AUDITS = "audits"
 PRIORITY_SUB_QUEUES = ["audits\x06\x163", "audits\x06\x166", "audits\x06\x169"]
@@ -43,7 +42,7 @@ def test_a_bucket_refills_at_its_rate(redis_client):
 
 
 def test_retry_after_is_whole_seconds_and_never_zero():
-    from ratelimit.buckets import BucketAnswer
+    from audits.admission import BucketAnswer
 
     assert BucketAnswer(allowed=False, wait_seconds=0.01).retry_after == 1
     assert BucketAnswer(allowed=False, wait_seconds=2.0).retry_after == 2

@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from audits.admission import admission_counts
 from audits.models import Audit, Page
-from ratelimit.submissions import admission_counts
 from reaudit.services import fan_out
 
 pytestmark = pytest.mark.django_db

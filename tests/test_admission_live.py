@@ -8,11 +8,11 @@ import time
 
 import httpx
 import pytest
+from audits.backlog import backlog_snapshot
 
 from audits import services
-from audits.backlog import backlog_snapshot
+from audits.admission import admission_counts
 from audits.models import Audit
-from ratelimit.submissions import admission_counts
 
 pytestmark = pytest.mark.slow
 

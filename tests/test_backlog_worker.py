@@ -1,4 +1,9 @@
-"""What the backlog counts, against real Redis and real `celery worker` processes."""
+"""What the backlog counts, against real Redis and real `celery worker` processes.
+
+Every kind of wait an audit can be in is owed a worker slot and counted: a short retry
+countdown, a long retry, a breaker park, a rate-limit deferral, a busy host. Work
+scheduled hours ahead on the `reaudit` queue is not.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,15 @@ import time
 import pytest
 from django.conf import settings
 
-from audits import services
-from audits.backlog import BacklogSnapshot, backlog_snapshot
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 from audits.tasks import run_audit
+from jobs import delayed
+from jobs.backlog import BacklogSnapshot
+from jobs.backlog import backlog_snapshot as queue_snapshot
+from jobs.breakers import FAILURE, Breaker
+from tests.fake_github import LinkedPage
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -19,7 +28,15 @@ pytestmark = pytest.mark.slow
 
 def submit(url: str) -> Audit:
     # transactional_db (through start_worker): the enqueue runs at once.
-    return services.submit_audit(normalize_url(url))
+    return submission.submit_audit(normalize_url(url))
+
+
+def backlog_snapshot() -> BacklogSnapshot:
+    return queue_snapshot(settings.AUDIT_QUEUE)
+
+
+def stored_waits() -> list[str]:
+    return sorted(entry.wait for entry, _due in delayed.entries(settings.AUDIT_QUEUE))
 
 
 def status_of(audit: Audit) -> str:
@@ -106,3 +123,71 @@ def test_a_retry_queued_behind_waiting_work_is_counted_once(site, start_worker):
     wait_for(lambda: status_of(behind[0]) == "running", timeout=20, message="the next audit")
     assert status_of(failing) == "retrying"
     snapshot_becomes(BacklogSnapshot(waiting=2, retrying=0, running=1))
+
+
+def test_it_counts_a_retry_too_long_to_hold_as_a_countdown(site, start_worker, redis_client):
+    start_worker("audits")
+    audit = submit(f"{site.base_url}/busy?key=long&fail=5&retry_after=900")
+
+    wait_for(lambda: stored_waits() == ["retry"], timeout=20, message="the stored retry")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=0))
+    assert status_of(audit) == "retrying"
+    # Nothing of it in the broker: the worker holds no ETA message for it.
+    assert redis_client.hlen("unacked:audits") == 0
+
+
+def test_it_counts_audits_parked_by_an_open_breaker(site, start_worker, settings, redis_client):
+    settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 600
+    breaker = Breaker("audits.run_audit", "127.0.0.1")
+    for _ in range(2):
+        breaker.record(breaker.acquire(), FAILURE)
+    start_worker("audits")
+    audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(2)]
+
+    wait_for(lambda: stored_waits() == ["park", "park"], timeout=20, message="two parks")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=2, running=0))
+    assert [status_of(audit) for audit in audits] == ["retrying", "retrying"]
+    assert site.hits["/noindex"] == 0
+
+
+def test_it_counts_audits_deferred_by_a_rate_limit_of_fifteen_minutes(
+    site, start_worker, client, redis_client
+):
+    start_worker("audits")
+    # The first answer says 429, Retry-After: 900; admission then holds the host's others.
+    audits = [
+        submit(f"{site.base_url}/busy?key=limited&fail=3&status=429&retry_after=900&n={n}")
+        for n in range(3)
+    ]
+
+    wait_for(lambda: len(stored_waits()) == 3, timeout=20, message="three stored waits")
+    assert stored_waits() == ["deferral"] * 3
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=3, running=0))
+    assert [status_of(audit) for audit in audits] == ["retrying"] * 3
+    body = client.get("/api/queue").json()
+    assert (body["backlog"], body["retrying"]) == (3, 3)
+    # Each waits the whole 15 minutes (plus jitter), on Redis's clock.
+    now = time.time()
+    assert all(due - now > 890 for _entry, due in delayed.entries(settings.AUDIT_QUEUE))
+
+
+def test_it_counts_a_link_check_waiting_for_a_busy_host(start_worker, redis_client):
+    slow = LinkedPage(delay=3.0).start()
+    page = LinkedPage([f"{slow.url}/target/{n}" for n in range(2)]).start()
+    try:
+        start_worker(
+            "audits",
+            concurrency=2,
+            env={"LINKCHECK_PER_HOST_CONCURRENCY": "1", "RATELIMIT_INLINE_MAX_WAIT_SECONDS": "0"},
+        )
+        audit = submit(f"{page.url}/")
+        # One check holds the host's only slot for 3 s; the other waits in the store.
+        wait_for(lambda: stored_waits() == ["deferral"], timeout=20, message="the busy host")
+        snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=1))
+        wait_for(
+            lambda: status_of(audit) == "succeeded", timeout=60, message="both checks to finish"
+        )
+        snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=0))
+    finally:
+        page.stop()
+        slow.stop()

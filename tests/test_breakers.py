@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from ratelimit import counters
-from ratelimit.breakers import FAILURE, NO_VERDICT, SHORTEST_RATE_SAMPLE_SECONDS, SUCCESS, Breaker
-from ratelimit.models import CircuitBreaker
+from jobs.breakers import FAILURE, NO_VERDICT, SHORTEST_RATE_SAMPLE_SECONDS, SUCCESS, Breaker
+from jobs.models import CircuitBreaker
+from tests.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db
 
@@ -192,14 +192,14 @@ def test_transitions_are_counted_and_mirrored_for_the_admin(breaker):
         breaker.record(probe, SUCCESS)
     mirror.refresh_from_db()
     assert (mirror.state, mirror.last_transition) == ("closed", "closed")
-    labels = {"task": "audits.run_audit", "host": "downstream.example"}
-    assert counters.read("breaker.opened", **labels) == 1
-    assert counters.read("breaker.half_opened", **labels) == 1
-    assert counters.read("breaker.closed", **labels) == 1
+    samples = scrape()
+    for to_state in ("open", "half_open", "closed"):
+        labels = (("key_class", "host"), ("to_state", to_state))
+        assert samples[("plumb_breaker_transitions_total", labels)] == 1, to_state
 
 
 def test_transitions_are_logged_as_key_value_events(breaker, caplog):
-    with caplog.at_level("INFO", logger="ratelimit.breakers"):
+    with caplog.at_level("INFO", logger="jobs.breakers"):
         open_it(breaker)
     (record,) = [r for r in caplog.records if r.getMessage() == "breaker.opened"]
     assert record.host == "downstream.example"

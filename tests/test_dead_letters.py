@@ -13,19 +13,19 @@ from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 from config.celery_app import app
-from ratelimit.management.commands.replay_dead_letters import parse_since
-from ratelimit.models import DeadLetter
+from jobs.management.commands.replay_dead_letters import parse_since
+from jobs.models import DeadLetter
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def submit(url: str) -> Audit:
-    return services.submit_audit(normalize_url(url))
+    return submission.submit_audit(normalize_url(url))
 
 
 def finished(audit: Audit, timeout: float = 30.0) -> Audit:
@@ -160,7 +160,7 @@ def test_the_command_replays_a_tasks_dead_letters_since_a_time(site, redis_clien
     failed = []
     for key in ("recent", "old"):
         audit = submit(f"{site.base_url}/?{key}")
-        services.finish_audit(str(audit.id), status="failed", error="gave up")
+        Audit.objects.finish(str(audit.id), status="failed", error="gave up")
         failed.append(audit)
     now = timezone.now()
     common = {"reason": DeadLetter.Reason.ATTEMPTS_EXHAUSTED, "first_failed_at": now}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audits import linkcheck, services
+from audits import linkcheck, services, submission
 from audits.fetch import TransientFetchError
 from audits.models import Audit
 from audits.targets import normalize_url
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 def make_audit(url: str) -> Audit:
-    page = services.get_or_create_page(normalize_url(url))
+    page = submission.get_or_create_page(normalize_url(url))
     return Audit.objects.create(page=page, task_id="t-1")
 
 
@@ -39,7 +39,7 @@ def test_a_transient_error_leaves_the_audit_for_the_retry(site):
         services.execute_audit(str(audit.id))
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RUNNING
-    services.mark_retrying(str(audit.id), "attempt 1 failed")
+    services.mark_waiting(str(audit.id), "attempt 1 failed", attempt_spent=True)
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RETRYING
 
@@ -73,7 +73,7 @@ def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given
 ):
     import time
 
-    from ratelimit.admission import RateLimited
+    from jobs.errors import RateLimited
     from ratelimit.client import admission_key_for_url
     from ratelimit.observations import Kind, Observation, record
 
@@ -85,6 +85,6 @@ def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given
         services.execute_audit(str(audit.id))
     assert limited.value.retry_at == pytest.approx(now + 120)
     assert site.hits["/noindex"] == 0
-    services.mark_deferred(str(audit.id), error=f"rate limited: {limited.value}")
+    services.mark_waiting(str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}")
     audit.refresh_from_db()
     assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)

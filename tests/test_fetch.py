@@ -9,7 +9,7 @@ import pytest
 from audits.analysis import audit_result
 from audits.fetch import PermanentFetchError, TransientFetchError, fetch_page
 from audits.targets import InvalidURL, normalize_url
-from ratelimit.admission import RateLimited
+from jobs.errors import RateLimited
 
 # Every fetch asks admission about its host; a host never seen is looked up in the database.
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from audits import services
+from audits import submission
 from audits.models import Audit, LinkCheck
 from audits.targets import normalize_url
 from ratelimit import deferred as parking
@@ -142,7 +142,7 @@ def test_concurrent_token_refreshes_mint_once(fake_github, redis_client):
 
 
 def submit(url: str) -> Audit:
-    return services.submit_audit(normalize_url(url))
+    return submission.submit_audit(normalize_url(url))
 
 
 def parked_entries(redis_client) -> list[tuple[dict, float]]:

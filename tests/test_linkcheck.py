@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audits import linkcheck, services
+from audits import linkcheck, submission
 from audits.linkcheck import check_http, github_repository
 from audits.models import Audit, LinkCheck
 from audits.targets import normalize_url
@@ -50,7 +50,7 @@ def test_without_github_credentials_a_repository_link_is_a_plain_link(settings):
 
 
 def checking_audit(site, links: list[str], *, cap: int = 100, settings=None) -> Audit:
-    page = services.get_or_create_page(normalize_url(f"{site.base_url}/"))
+    page = submission.get_or_create_page(normalize_url(f"{site.base_url}/"))
     audit = Audit.objects.create(page=page, task_id="t", status=Audit.Status.RUNNING)
     linkcheck.start_link_checks(audit, {"status_code": 200, "external_links": links})
     return Audit.objects.get(id=audit.id)
@@ -111,7 +111,7 @@ def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
         env = {"LINKCHECK_PER_HOST_CONCURRENCY": "2", "LINKCHECK_PER_HOST_RATE": "4"}
         # Four pool processes share nothing but Redis, like four workers on four hosts.
         start_worker("audits", concurrency=4, env=env)
-        audit = services.submit_audit(normalize_url(f"{page.url}/"))
+        audit = submission.submit_audit(normalize_url(f"{page.url}/"))
         wait_for(
             lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,
             timeout=60, message="the audit and its twelve checks",

@@ -9,13 +9,12 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from audits.backlog import note_started
+from audits import admission
 from config.celery_app import queue_list_keys
-from observability import metrics
+from jobs import backlog
+from observability import gauges, metrics
 from observability.collector import exposition
-from observability.gauges import queue_snapshot
 from observability.metrics import Field, minute_key, minute_of
-from observability.signals import retry_reason
 
 NOW = 1_800_000_000.0  # a fixed instant, so buckets are predictable
 
@@ -29,14 +28,19 @@ def scrape() -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_client):
+@pytest.mark.django_db
+def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_client, settings):
     metrics.record_task_attempt("audits.run_audit", first=True, job_id="job-1", now=NOW)
     metrics.record_task_attempt("audits.run_audit", first=False, job_id="job-1", now=NOW)
     metrics.record_retry("audits.run_audit", "error", now=NOW)
     metrics.record_completion("audits.run_audit", now=NOW)
     metrics.record_dead_letter("audits.run_audit", now=NOW)
     metrics.record_downstream_request("host", 503, "transient_status", 0.2, now=NOW)
-    metrics.record_admission("refused_ip", in_backoff=True, backlog=7, now=NOW)
+    # Admission counts inside its own script: a refusal while an audit waits to retry.
+    settings.AUDIT_SUBMIT_BURST = 1
+    redis_client.hset("unacked:audits", "held", "m")
+    assert admission.admit_submission("192.0.2.1").admitted
+    assert not admission.admit_submission("192.0.2.1").admitted
 
     samples = scrape()
     task = (("task", "audits.run_audit"),)
@@ -71,8 +75,9 @@ def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_cli
     assert bucket[Field.COMPLETIONS.encode()] == b"1"
     assert bucket[Field.DEAD_LETTERS.encode()] == b"1"
     assert bucket[Field.DOWNSTREAM_REQUESTS.encode()] == b"1"
-    assert bucket[Field.admissions("refused_ip").encode()] == b"1"
-    assert bucket[Field.admissions_in_backoff("refused_ip").encode()] == b"1"
+    this_minute = redis_client.hgetall(minute_key(minute_of()))
+    assert this_minute[Field.admissions("refused_ip").encode()] == b"1"
+    assert this_minute[Field.admissions_in_backoff("refused_ip").encode()] == b"1"
 
 
 def test_a_label_value_outside_its_closed_set_is_refused(redis_client):
@@ -80,8 +85,6 @@ def test_a_label_value_outside_its_closed_set_is_refused(redis_client):
         metrics.record_retry("audits.run_audit", "because")
     with pytest.raises(ValueError, match="key_class"):
         metrics.record_downstream_request("example.org", 200, "ok", 0.1)
-    with pytest.raises(ValueError, match="decision"):
-        metrics.record_admission("maybe", in_backoff=False)
     assert redis_client.keys("metrics:*") == []
 
 
@@ -133,37 +136,20 @@ def test_recordings_from_several_processes_add_up_in_one_scrape(redis_client):
 def test_gauges_are_read_when_scraped(redis_client):
     # Two held messages (retries in backoff, as a worker keeps them) and one running attempt.
     redis_client.hset("unacked:audits", mapping={"t1": "m", "t2": "m", "t3": "m"})
-    note_started("a-running")
+    backlog.attempt_started("audits", "a-running", lease_seconds=60)
     # kombu keeps one list per priority step: all of them are waiting work.
     plain, *by_priority = queue_list_keys("audits")
     redis_client.rpush(plain, "m1", "m2")
     redis_client.rpush(by_priority[0], "m3")
 
-    snapshot = queue_snapshot()
-    assert (snapshot.waiting, snapshot.retrying, snapshot.running, snapshot.scheduled) == (
-        3,
-        2,
-        1,
-        0,
-    )
+    readings = gauges.read_all()
+    assert [readings[f] for f in ("waiting", "retrying", "running", "scheduled")] == [3, 2, 1, 0]
     samples = scrape()
     assert samples[("plumb_queue_waiting", ())] == 3
     assert samples[("plumb_queue_retrying", ())] == 2
     assert samples[("plumb_queue_running", ())] == 1
     assert samples[("plumb_queue_backlog", ())] == 5
     assert samples[("plumb_breakers", (("state", "open"),))] == 0
-
-
-def test_a_429_is_a_rate_limited_retry_and_an_exception_can_name_its_reason():
-    from audits.fetch import TransientFetchError
-
-    assert retry_reason(TransientFetchError("x", status_code=429)) == "rate_limited"
-    assert retry_reason(TransientFetchError("x", status_code=503)) == "error"
-
-    class Parked(Exception):
-        retry_reason = "breaker_parked"
-
-    assert retry_reason(Parked()) == "breaker_parked"
 
 
 def test_unique_jobs_are_counted_within_the_hyperloglog_error(redis_client):
@@ -212,10 +198,13 @@ def test_metrics_and_stats_need_the_bearer_token_once_one_is_set(client, setting
     assert client.get("/api/stats", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
-def test_an_admission_refusal_writes_its_log_line_with_the_backlog_seen(redis_client, caplog):
-    caplog.set_level("INFO", logger="observability.metrics")
-    metrics.record_admission("admitted", in_backoff=False)
-    metrics.record_admission("refused_backlog", in_backoff=True, backlog=812)
-    events = {record.getMessage(): record for record in caplog.records}
-    assert set(events) == {"admission.refused"}
-    assert events["admission.refused"].backlog == 812
+@pytest.mark.django_db
+def test_an_admission_refusal_writes_its_log_line_with_the_backlog_seen(
+    redis_client, settings, caplog
+):
+    caplog.set_level("INFO", logger="audits.admission")
+    settings.AUDIT_QUEUE_MAX_DEPTH = 2
+    redis_client.rpush("audits", "m1", "m2")
+    admission.admit_submission("192.0.2.7")
+    events = [record for record in caplog.records if record.getMessage() == "admission.refused"]
+    assert [(event.reason, event.backlog) for event in events] == [("refused_backlog", 2)]

@@ -1,4 +1,5 @@
-"""The retry policy: backoff bounds (also at the cap), Retry-After, and what is held vs parked."""
+"""The one retry policy: backoff bounds (also at the cap), known waits in full, and what is
+held in the broker versus stored in the delayed store."""
 
 from __future__ import annotations
 
@@ -8,25 +9,22 @@ from email.utils import format_datetime
 
 import pytest
 
-from audits.tasks import run_audit
+from audits.tasks import AUDIT_POLICY, run_audit
+from jobs.policy import DEFERRAL, PARK, RETRY, RetryPolicy, delay, longest_held_countdown
 from ratelimit.headers import parse_retry_after
-from ratelimit.parking import longest_held_delay
-from ratelimit.retry import backoff_delay, retry_delay
+from webhooks.tasks import WEBHOOK_POLICY
 
 DRAWS = 2000
 
 
-def draws(attempt: int, jitter: str, *, base=1.0, cap=60.0, previous=None) -> list[float]:
-    rng = random.Random(attempt)
-    return [
-        backoff_delay(attempt, base=base, cap=cap, jitter=jitter, previous=previous, rng=rng)
-        for _ in range(DRAWS)
-    ]
+def draws(step: int, *, reason=RETRY, policy=AUDIT_POLICY, after=None) -> list[float]:
+    rng = random.Random(step)
+    return [delay(policy, reason, step=step, after=after, rng=rng) for _ in range(DRAWS)]
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 4, 5])
-def test_multiplicative_backoff_doubles_within_a_quarter_either_way(attempt):
-    delays = draws(attempt, "multiplicative")
+def test_backoff_doubles_within_a_quarter_either_way(attempt):
+    delays = draws(attempt)
     exponential = 2 ** (attempt - 1)
     assert min(delays) >= 0.75 * exponential
     assert max(delays) <= 1.25 * exponential
@@ -36,29 +34,10 @@ def test_multiplicative_backoff_doubles_within_a_quarter_either_way(attempt):
 
 def test_jitter_still_spreads_delays_at_the_cap():
     # Attempt 30 would be 2**29 s without the cap.
-    delays = draws(30, "multiplicative")
+    delays = draws(30)
     assert 45.0 <= min(delays) < 47.0
     assert 73.0 < max(delays) <= 75.0
     assert len({round(d, 1) for d in delays}) > 200
-
-
-@pytest.mark.parametrize(
-    ("jitter", "low", "high"),
-    [("full", 0.0, 60.0), ("equal", 30.0, 60.0), ("none", 60.0, 60.0)],
-)
-def test_other_jitters_stay_within_their_bounds_at_the_cap(jitter, low, high):
-    delays = draws(30, jitter)
-    assert min(delays) >= low
-    assert max(delays) <= high
-
-
-def test_decorrelated_jitter_piles_up_on_the_cap():
-    # Why it was not chosen (DECISIONS.md): min(cap, uniform(base, 3 * previous))
-    # clamps about two thirds of the draws to exactly the cap once previous is there.
-    delays = draws(30, "decorrelated", previous=60.0)
-    at_cap = sum(1 for d in delays if d == 60.0)
-    assert 0.6 < at_cap / DRAWS < 0.73
-    assert min(delays) >= 1.0
 
 
 def test_a_retry_after_wins_over_the_backoff_and_is_never_truncated(settings):
@@ -66,17 +45,46 @@ def test_a_retry_after_wins_over_the_backoff_and_is_never_truncated(settings):
     rng = random.Random(1)
     for _ in range(DRAWS):
         # Longer than the cap: still waited in full.
-        delay = retry_delay(1, retry_after=3600, rng=rng)
-        assert 3600 <= delay <= 3600 + 360
+        long = delay(AUDIT_POLICY, RETRY, step=1, after=3600, rng=rng)
+        assert 3600 <= long <= 3600 + 360
         # Shorter than the computed backoff of a late attempt: still what it says.
-        short = retry_delay(8, retry_after=2, rng=rng)
+        short = delay(AUDIT_POLICY, RETRY, step=8, after=2, rng=rng)
         assert 2 <= short <= 3
 
 
-def test_the_setting_chooses_the_jitter(settings):
-    settings.RETRY_JITTER = "none"
+def test_a_rate_limit_wait_is_obeyed_in_full_like_a_retry_after():
+    delays = draws(1, reason=DEFERRAL, after=900)
+    assert min(delays) >= 900
+    assert max(delays) <= 990
+
+
+def test_a_breaker_park_waits_until_its_release_plus_at_most_a_second():
+    delays = draws(1, reason=PARK, after=30)
+    assert min(delays) >= 30
+    assert max(delays) <= 31
+
+
+def test_a_busy_host_backs_off_on_its_deferral_count_up_to_the_request_timeout(settings):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 10
+    first = draws(1, reason=DEFERRAL, policy=WEBHOOK_POLICY)
+    assert 0.25 * 0.75 <= min(first) and max(first) <= 0.25 * 1.25
+    late = draws(30, reason=DEFERRAL, policy=WEBHOOK_POLICY)
+    assert 7.5 <= min(late) and max(late) <= 12.5
+
+
+def test_each_task_declares_its_own_base_and_cap(settings):
+    settings.RETRY_JITTER = False
+    settings.WEBHOOK_BACKOFF_BASE_SECONDS = 5
+    settings.WEBHOOK_BACKOFF_MAX_SECONDS = 3600
     settings.RETRY_BACKOFF_BASE_SECONDS = 1.0
-    assert [retry_delay(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert [delay(AUDIT_POLICY, step=n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert [delay(WEBHOOK_POLICY, step=n) for n in (1, 2, 3)] == [5.0, 10.0, 20.0]
+
+
+def test_without_jitter_every_wait_is_exact(settings):
+    settings.RETRY_JITTER = False
+    assert delay(RetryPolicy(), RETRY, after=12.5) == 12.5
+    assert delay(RetryPolicy(), PARK, after=3) == 3
 
 
 def test_retry_after_reads_seconds_and_http_dates():
@@ -89,9 +97,9 @@ def test_retry_after_reads_seconds_and_http_dates():
     assert parse_retry_after(None) is None
 
 
-def test_waits_longer_than_a_worker_may_hold_a_message_are_parked(settings):
+def test_waits_longer_than_a_worker_may_hold_a_message_are_stored(settings):
     # 300 s visibility - (10 s fetch + 60 s) hard time limit - 30 s margin.
     assert settings.AUDITS_VISIBILITY_TIMEOUT_SECONDS == 300
-    assert longest_held_delay(run_audit) == 200
+    assert longest_held_countdown("audits", run_audit.time_limit) == 200
     # The longest backoff (the cap with jitter) is held; a long Retry-After is not.
-    assert longest_held_delay(run_audit) > 1.25 * settings.RETRY_BACKOFF_MAX_SECONDS
+    assert longest_held_countdown("audits", run_audit.time_limit) > 1.25 * 60

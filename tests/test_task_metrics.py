@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 from observability.collector import exposition
@@ -21,7 +21,7 @@ TASK = (("task", "audits.run_audit"),)
 
 def submit(url: str) -> Audit:
     # transactional_db (through start_worker): the enqueue runs at once.
-    return services.submit_audit(normalize_url(url))
+    return submission.submit_audit(normalize_url(url))
 
 
 def finished(audit: Audit, worker, timeout: float = 40) -> Audit:

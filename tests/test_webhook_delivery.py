@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from audits import services
+from audits import submission
 from audits.targets import normalize_url
 from ratelimit import counters
 from tests.webhook_helpers import (
@@ -48,7 +48,7 @@ def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(
     hook = receiver()
     audits_worker = start_worker("audits")
     webhooks_worker = start_webhooks_worker(start_worker)
-    audit = services.submit_audit(
+    audit = submission.submit_audit(
         normalize_url(f"{site.base_url}/"), callback_url=hook.url, callback_secret=SECRET
     )
     wait_for(lambda: hook.count(200) == 1, timeout=30, message="the delivery")

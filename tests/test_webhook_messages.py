@@ -8,7 +8,7 @@ import uuid
 import pytest
 from kombu import Connection, Exchange, Producer
 
-from ratelimit.models import DeadLetter
+from jobs.models import DeadLetter
 from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
 from webhooks import schedule as delayed

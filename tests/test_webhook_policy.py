@@ -7,11 +7,11 @@ import random
 import time
 
 import pytest
-
 from ratelimit.retry import JITTER_HIGH, JITTER_LOW
+
 from webhooks import hostslots
 from webhooks import schedule as delayed
-from webhooks.deliver import MalformedDeliveryMessage, parse_message, validate_secret
+from webhooks.deliver import parse_message, validate_secret
 from webhooks.tasks import deliver_webhook
 
 

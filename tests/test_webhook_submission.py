@@ -10,7 +10,6 @@ import sys
 import pytest
 from rest_framework.test import APIClient
 
-from audits import services
 from audits.models import Audit
 from tests.webhook_helpers import SECRET, finished_audit_with_callback
 from tests.workers import ROOT
@@ -70,9 +69,9 @@ def test_finishing_an_audit_with_a_callback_creates_one_delivery_on_commit(
     audit = finished_audit_with_callback("https://hooks.example.org/plumb")
     Audit.objects.filter(id=audit.id).update(status=Audit.Status.RUNNING, finished_at=None)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        assert services.finish_audit(str(audit.id), status=Audit.Status.FAILED, error="boom")
+        assert Audit.objects.finish(str(audit.id), status=Audit.Status.FAILED, error="boom")
         assert not Delivery.objects.exists()  # not before the finish is committed
-        assert not services.finish_audit(str(audit.id), status=Audit.Status.SUCCEEDED)
+        assert not Audit.objects.finish(str(audit.id), status=Audit.Status.SUCCEEDED)
     assert len(callbacks) >= 1
     row = Delivery.objects.get(audit=audit)
     assert row.url == "https://hooks.example.org/plumb" and row.status == "pending"
@@ -84,7 +83,7 @@ def test_an_audit_without_a_callback_gets_no_delivery(django_capture_on_commit_c
     audit = finished_audit_with_callback("")
     Audit.objects.filter(id=audit.id).update(status=Audit.Status.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
-        services.finish_audit(str(audit.id), status=Audit.Status.SUCCEEDED)
+        Audit.objects.finish(str(audit.id), status=Audit.Status.SUCCEEDED)
     assert not Delivery.objects.exists()
 
 

@@ -9,12 +9,12 @@ import uuid
 
 import pytest
 
-from audits import services
+from audits import submission
 from audits.models import Audit, Page
 from audits.reconcile import requeue_stuck_audits
 from audits.targets import normalize_url
 from audits.tasks import run_audit
-from ratelimit.models import DeadLetter
+from jobs.models import DeadLetter
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
@@ -26,7 +26,7 @@ FAST_REDELIVERY = {"AUDITS_VISIBILITY_TIMEOUT_SECONDS": "5"}
 
 def submit(url: str) -> Audit:
     # transactional_db: no surrounding transaction, so the enqueue runs at once.
-    return services.submit_audit(normalize_url(url))
+    return submission.submit_audit(normalize_url(url))
 
 
 def status_of(audit: Audit) -> str:

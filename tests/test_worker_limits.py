@@ -7,7 +7,7 @@ import time
 import pytest
 from django.db import connection
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 
@@ -31,7 +31,7 @@ def test_a_burst_of_retries_holds_at_most_one_connection_per_worker_process(site
         env={"RETRY_BACKOFF_BASE_SECONDS": "0.05", "BREAKER_ENABLED": "false"},
     )  # fmt: skip
     audits = [
-        services.submit_audit(normalize_url(f"{site.base_url}/flaky?key=burst{i}&fail=2"))
+        submission.submit_audit(normalize_url(f"{site.base_url}/flaky?key=burst{i}&fail=2"))
         for i in range(20)
     ]
     peak = 0

@@ -1,6 +1,6 @@
 from django.contrib import admin, messages
 
-from webhooks import deliver
+from webhooks import tasks
 from webhooks.models import Delivery
 
 
@@ -49,7 +49,7 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     @admin.action(description="Redeliver the selected failed deliveries")
     def redeliver(self, request, queryset):
-        replayed = sum(deliver.redeliver(d) for d in queryset.filter(status=Delivery.Status.FAILED))
+        replayed = sum(tasks.redeliver(d) for d in queryset.filter(status=Delivery.Status.FAILED))
         skipped = queryset.count() - replayed
         self.message_user(request, f"Queued {replayed} delivery(ies) again.", messages.SUCCESS)
         if skipped:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
@@ -27,7 +27,7 @@ from audits.api.serializers import AuditSerializer
 from audits.fetch import build_client
 from audits.models import Audit
 from audits.targets import TargetNotAllowed
-from ratelimit.deadletters import MalformedTaskMessage
+from jobs.errors import MalformedTaskMessage, Permanent, Transient
 from ratelimit.headers import parse_retry_after
 from webhooks.hostslots import host_slot
 from webhooks.models import Delivery
@@ -50,16 +50,12 @@ class DeliveryFailed(Exception):
         self.retry_after = retry_after
 
 
-class TransientDeliveryError(DeliveryFailed):
+class TransientDeliveryError(DeliveryFailed, Transient):
     """Worth another attempt later: a timeout, a refused connection, a 5xx, a 408 or 429."""
 
 
-class PermanentDeliveryError(DeliveryFailed):
+class PermanentDeliveryError(DeliveryFailed, Permanent):
     """Another attempt cannot help: any other 4xx, or a forbidden address."""
-
-
-class MalformedDeliveryMessage(MalformedTaskMessage, ValueError):
-    """A queue message that does not name a delivery; it is never retried."""
 
 
 class Outcome(enum.Enum):
@@ -108,12 +104,9 @@ def payload_for(audit: Audit) -> dict:
 # --- Creating and enqueueing -----------------------------------------------------
 
 
-def schedule_delivery(audit_id) -> Delivery | None:
-    """Create the audit's delivery and enqueue it on commit; nothing without a callback URL.
-
-    Called once the audit's finish is committed. One delivery per audit (a
-    one-to-one row), so a second call changes nothing.
-    """
+def create_delivery(audit_id) -> tuple[Delivery | None, bool]:
+    """The finished audit's delivery, created if new: (delivery, created); (None, False)
+    when the audit has no callback URL."""
     audit = (
         Audit.objects.filter(id=audit_id)
         .exclude(callback_url="")
@@ -121,39 +114,20 @@ def schedule_delivery(audit_id) -> Delivery | None:
         .first()
     )
     if audit is None:
-        return None
-    with transaction.atomic():
-        delivery, created = Delivery.objects.get_or_create(
-            audit_id=audit.id,
-            defaults={"url": audit.callback_url, "task_id": str(uuid.uuid4())},
-        )
-        if created:
-            transaction.on_commit(lambda: enqueue_delivery(delivery))
-    return delivery
-
-
-def enqueue_delivery(delivery: Delivery) -> None:
-    from webhooks.tasks import deliver_webhook
-
-    deliver_webhook.apply_async(
-        args=[str(delivery.id)], task_id=delivery.task_id, queue=settings.WEBHOOK_QUEUE
+        return None, False
+    return Delivery.objects.get_or_create(
+        audit_id=audit.id,
+        defaults={"url": audit.callback_url, "task_id": str(uuid.uuid4())},
     )
-    log.info("webhook.enqueued", extra={"delivery_id": str(delivery.id)})
 
 
-def redeliver(delivery: Delivery) -> bool:
-    """Replay a failed delivery: a fresh budget of attempts, the same webhook-id."""
-    task_id = str(uuid.uuid4())
-    with transaction.atomic():
-        updated = Delivery.objects.filter(id=delivery.id, status=Delivery.Status.FAILED).update(
+def reset_failed(delivery: Delivery, *, task_id: str) -> bool:
+    """A failed delivery becomes pending again under a new task id; False if it is not failed."""
+    return bool(
+        Delivery.objects.filter(id=delivery.id, status=Delivery.Status.FAILED).update(
             status=Delivery.Status.PENDING, task_id=task_id, next_attempt_at=None
         )
-        if updated:
-            delivery.task_id = task_id
-            transaction.on_commit(lambda: enqueue_delivery(delivery))
-    if updated:
-        log.info("webhook.redelivery", extra={"delivery_id": str(delivery.id)})
-    return bool(updated)
+    )
 
 
 # --- One attempt -----------------------------------------------------------------
@@ -303,15 +277,11 @@ def mark_failed(delivery_id: str, *, error: str) -> None:
         log.warning("webhook.failed", extra={"delivery_id": delivery_id, "error": error})
 
 
-def parse_message(args, kwargs) -> tuple[str, int]:
-    """(delivery id, deferrals so far) from a task message, or MalformedDeliveryMessage."""
-    if len(args) != 1 or not isinstance(args[0], str) or set(kwargs) - {"deferrals"}:
-        raise MalformedDeliveryMessage(f"expected one delivery id, got args={args!r:.200}")
+def parse_delivery_id(value) -> str:
+    """The delivery id a task message names, or MalformedTaskMessage."""
+    if not isinstance(value, str):
+        raise MalformedTaskMessage(f"not a delivery id: {value!r:.100}")
     try:
-        delivery_id = str(uuid.UUID(args[0]))
+        return str(uuid.UUID(value))
     except ValueError:
-        raise MalformedDeliveryMessage(f"not a delivery id: {args[0]!r:.100}") from None
-    deferrals = kwargs.get("deferrals", 0)
-    if not isinstance(deferrals, int) or isinstance(deferrals, bool) or deferrals < 0:
-        raise MalformedDeliveryMessage(f"bad deferrals: {deferrals!r:.50}")
-    return delivery_id, deferrals
+        raise MalformedTaskMessage(f"not a delivery id: {value!r:.100}") from None

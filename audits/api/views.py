@@ -11,7 +11,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audits import services
+from audits import admission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.errors import ServiceUnavailable
 from audits.api.serializers import (
@@ -20,8 +20,6 @@ from audits.api.serializers import (
     AuditSubmissionSerializer,
 )
 from audits.models import Audit
-from ratelimit import submissions as admission
-from ratelimit.buckets import client_ip
 
 
 def _is_uuid(value: str) -> bool:
@@ -40,7 +38,7 @@ class AuditPagination(PageNumberPagination):
 
 def admit(request) -> None:
     """Raise the refusal for this submission, if it is refused; nothing is written first."""
-    ip = client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
+    ip = admission.client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
     try:
         decision = admission.admit_submission(ip)
     except admission.AdmissionUnavailable:
@@ -82,7 +80,7 @@ class AuditCollectionView(APIView):
         submission.is_valid(raise_exception=True)
         admit(request)
         data = submission.validated_data
-        audit = services.submit_audit(
+        audit = submission.submit_audit(
             data["url"],
             callback_url=data.get("callback_url", ""),
             callback_secret=data.get("callback_secret", ""),

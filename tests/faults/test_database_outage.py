@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 from config import devservices
@@ -117,7 +117,7 @@ def test_a_worker_retries_through_a_database_outage_and_finishes_the_audit(
     )
     db_proxy.cut()
     # Accepted while the workers cannot reach the database (the web process can).
-    audit = services.submit_audit(normalize_url(f"{site.base_url}/noindex"))
+    audit = submission.submit_audit(normalize_url(f"{site.base_url}/noindex"))
     wait_for(lambda: "Retry in" in worker.output(), timeout=30, message="the worker to retry")
     assert Audit.objects.get(id=audit.id).status == "queued"
 

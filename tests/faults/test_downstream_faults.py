@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.targets import normalize_url
 from tests.workers import wait_for
@@ -67,7 +67,7 @@ ONE_SHORT_ATTEMPT = {"AUDIT_MAX_ATTEMPTS": "1", "AUDIT_FETCH_TIMEOUT_SECONDS": "
 
 def run_one_audit(url: str, start_worker) -> Audit:
     start_worker("audits", env=ONE_SHORT_ATTEMPT)
-    audit = services.submit_audit(normalize_url(url))
+    audit = submission.submit_audit(normalize_url(url))
     started = time.monotonic()
     wait_for(
         lambda: Audit.objects.get(id=audit.id).is_finished, timeout=30, message="the audit to end"

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audits import services
+from audits import submission
 from audits.models import Audit
 from audits.reconcile import requeue_stuck_audits
 from audits.targets import normalize_url
@@ -17,7 +17,7 @@ from tests.workers import wait_for
 
 def accepted_without_a_message(url: str, *, age_seconds: float) -> Audit:
     """A committed row whose publish never happened (the web process died in between)."""
-    page = services.get_or_create_page(normalize_url(url))
+    page = submission.get_or_create_page(normalize_url(url))
     audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
     Audit.objects.filter(id=audit.id).update(
         created_at=timezone.now() - timedelta(seconds=age_seconds)

@@ -7,7 +7,7 @@ import json
 import redis
 from django.core.management import BaseCommand, CommandError
 
-from ratelimit.submissions import admission_counts, queue_report
+from audits.admission import admission_counts, queue_report
 
 
 class Command(BaseCommand):

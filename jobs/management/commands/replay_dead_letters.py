@@ -14,8 +14,8 @@ from django.core.management import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from ratelimit import deadletters
-from ratelimit.models import DeadLetter
+from jobs import deadletters
+from jobs.models import DeadLetter
 
 DURATION = re.compile(r"^(\d+)\s*([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

@@ -38,13 +38,15 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from config.redis import redis_client
+from config.redis import lua, redis_client
+from jobs.models import CircuitBreaker
 from observability import metrics
-from ratelimit.counters import count
-from ratelimit.store import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
+KEY_PREFIX = "plumb:breaker:"
+# Every breaker key ever used: the gauges count their states without a SCAN.
+BREAKERS_KEY = "plumb:breakers"
 SUCCESS, FAILURE, NO_VERDICT = "success", "failure", "none"
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 # A breaker that opens on calls made within less than this measures its release rate
@@ -59,7 +61,8 @@ TRANSITION_TO_STATE = {
     "closed_by_operator": CLOSED,
 }
 
-_ACQUIRE = """
+_ACQUIRE = lua(
+    """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
@@ -94,8 +97,10 @@ end
 -- The probes are out: wait at least a moment for their verdict.
 return {'half_open', release_after(now + 1), transition}
 """
+)
 
-_RECORD = """
+_RECORD = lua(
+    """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local outcome, probe = ARGV[1], ARGV[2]
@@ -160,8 +165,10 @@ if calls >= min_calls and failures >= rate * calls then
 end
 return {'', tostring(calls), tostring(failures)}
 """
+)
 
-_CLOSE = """
+_CLOSE = lua(
+    """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
@@ -169,6 +176,7 @@ redis.call('HSET', KEYS[1], 'state', 'closed', 'changed_at', tostring(now))
 redis.call('DEL', KEYS[2])
 return state
 """
+)
 
 
 @dataclass(frozen=True)
@@ -198,34 +206,41 @@ class Breaker:
     def __init__(self, task_name: str, host: str):
         self.task_name = task_name
         self.host = host
-        self.key = f"{KEY_PREFIX}breaker:{task_name}:{host}"
+        self.key = f"{KEY_PREFIX}{task_name}:{host}"
         self.window_key = f"{self.key}:window"
 
     def acquire(self) -> Permit:
-        decision, release_in, transition = redis_client().eval(
-            _ACQUIRE, 1, self.key,
-            settings.BREAKER_OPEN_SECONDS, settings.BREAKER_HALF_OPEN_PROBES,
-            # The slowest release rate a breaker can have measured when it opened.
-            settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
-        )  # fmt: skip
+        decision, release_in, transition = _ACQUIRE(
+            keys=[self.key],
+            args=[
+                settings.BREAKER_OPEN_SECONDS,
+                settings.BREAKER_HALF_OPEN_PROBES,
+                # The slowest release rate a breaker can have measured when it opened.
+                settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
+            ],
+            client=redis_client(),
+        )
         if transition:
             self._transitioned(transition.decode())
         return Permit(decision.decode(), float(release_in))
 
     def record(self, permit: Permit, outcome: str) -> None:
-        transition, calls, failures = redis_client().eval(
-            _RECORD, 2, self.key, self.window_key,
-            outcome, "1" if permit.probe else "0",
-            settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
-            settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
-            settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
+        transition, calls, failures = _RECORD(
+            keys=[self.key, self.window_key],
+            args=[
+                outcome, "1" if permit.probe else "0",
+                settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
+                settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
+                settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
+            ],
+            client=redis_client(),
         )  # fmt: skip
         if transition:
             self._transitioned(transition.decode(), calls=int(calls), failures=int(failures))
 
     def close(self, *, by: str) -> str:
         """Close the breaker by hand; return the state it was in."""
-        previous = redis_client().eval(_CLOSE, 2, self.key, self.window_key).decode()
+        previous = _CLOSE(keys=[self.key, self.window_key], client=redis_client()).decode()
         self._transitioned("closed_by_operator", previous=previous, by=by)
         return previous
 
@@ -250,13 +265,11 @@ class Breaker:
 
 def record_transition(breaker: Breaker, transition: str, **fields) -> None:
     """Log, count and mirror (for the admin) one change of a breaker's state."""
-    from ratelimit.models import CircuitBreaker
-
     log.info(
         f"breaker.{transition}",
         extra={"task": breaker.task_name, "host": breaker.host, **fields},
     )
-    count(f"breaker.{transition}", task=breaker.task_name, host=breaker.host)
+    redis_client().sadd(BREAKERS_KEY, breaker.key)
     metrics.record_breaker_transition(TRANSITION_TO_STATE[transition])
     live = breaker.state()
     open_until = live["open_until"]
@@ -274,3 +287,28 @@ def record_transition(breaker: Breaker, transition: str, **fields) -> None:
         CircuitBreaker.objects.filter(task_name=breaker.task_name, host=breaker.host).update(
             times_opened=F("times_opened") + 1
         )
+
+
+def state_counts() -> dict[str, int]:
+    """How many breakers are in each state now, as the next call would find them.
+
+    An open breaker whose open period has passed counts as half-open: its next call
+    is a probe.
+    """
+    client = redis_client()
+    keys = sorted(client.smembers(BREAKERS_KEY))
+    counts = dict.fromkeys((CLOSED, OPEN, HALF_OPEN), 0)
+    if not keys:
+        return counts
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, "state", "open_until")
+    pipe.time()
+    *rows, (seconds, micros) = pipe.execute()
+    now = seconds + micros / 1_000_000
+    for state, open_until in rows:
+        state = (state or b"closed").decode()
+        if state == OPEN and open_until is not None and float(open_until) <= now:
+            state = HALF_OPEN
+        counts[state] = counts.get(state, 0) + 1
+    return counts

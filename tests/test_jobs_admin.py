@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from ratelimit import counters
-from ratelimit.breakers import FAILURE, Breaker
-from ratelimit.models import CircuitBreaker, DeadLetter
+from jobs.breakers import FAILURE, Breaker
+from jobs.models import CircuitBreaker, DeadLetter
+from tests.test_metrics import scrape
 
 
 def test_an_operator_sees_an_open_breaker_and_closes_it_by_hand(
@@ -18,12 +18,12 @@ def test_an_operator_sees_an_open_breaker_and_closes_it_by_hand(
         breaker.record(breaker.acquire(), FAILURE)
     row = CircuitBreaker.objects.get(host="slow.example")
 
-    page = admin_client.get("/admin/ratelimit/circuitbreaker/").content.decode()
+    page = admin_client.get("/admin/jobs/circuitbreaker/").content.decode()
     assert "slow.example" in page and "open until" in page
 
-    with caplog.at_level("INFO", logger="ratelimit.breakers"):
+    with caplog.at_level("INFO", logger="jobs.breakers"):
         response = admin_client.post(
-            "/admin/ratelimit/circuitbreaker/",
+            "/admin/jobs/circuitbreaker/",
             {"action": "close_breakers", "_selected_action": [row.id]},
         )
     assert response.status_code == 302
@@ -31,8 +31,8 @@ def test_an_operator_sees_an_open_breaker_and_closes_it_by_hand(
     assert breaker.acquire().decision == "allow"
     row.refresh_from_db()
     assert (row.state, row.last_transition) == ("closed", "closed_by_operator")
-    labels = {"task": "audits.run_audit", "host": "slow.example"}
-    assert counters.read("breaker.closed_by_operator", **labels) == 1
+    closed = (("key_class", "host"), ("to_state", "closed"))
+    assert scrape()[("plumb_breaker_transitions_total", closed)] == 1
     (record,) = [r for r in caplog.records if r.getMessage() == "breaker.closed_by_operator"]
     assert (record.by, record.previous) == ("admin", "open")
 
@@ -62,7 +62,7 @@ def test_dead_letters_are_listed_and_filtered_by_task_reason_and_replay_state(ad
     }
 
     def listed(query: str) -> set[str]:
-        page = admin_client.get(f"/admin/ratelimit/deadletter/?{query}").content.decode()
+        page = admin_client.get(f"/admin/jobs/deadletter/?{query}").content.decode()
         return {name for name, text in shown_as.items() if text in page}
 
     assert listed("") == {"exhausted", "replayed", "junk"}
@@ -72,7 +72,7 @@ def test_dead_letters_are_listed_and_filtered_by_task_reason_and_replay_state(ad
     assert listed("task_name=audits.run_audit") == {"exhausted", "replayed"}
 
     exhausted = DeadLetter.objects.get(task_id="exhausted-1")
-    detail = admin_client.get(f"/admin/ratelimit/deadletter/{exhausted.id}/change/")
+    detail = admin_client.get(f"/admin/jobs/deadletter/{exhausted.id}/change/")
     assert "Traceback (most recent call last)" in detail.content.decode()
 
 
@@ -83,10 +83,21 @@ def test_replaying_a_dead_letter_that_cannot_be_decoded_is_refused(admin_client)
         first_failed_at=now, last_failed_at=now,
     )  # fmt: skip
     response = admin_client.post(
-        "/admin/ratelimit/deadletter/",
+        "/admin/jobs/deadletter/",
         {"action": "replay", "_selected_action": [junk.id]},
         follow=True,
     )
     assert "Skipped dead letter" in response.content.decode()
     junk.refresh_from_db()
     assert junk.replayed_at is None
+
+
+def test_dead_letters_come_only_from_workers_never_from_the_add_form(admin_client):
+    assert admin_client.get("/admin/jobs/deadletter/add/").status_code == 403
+    listing = admin_client.get("/admin/jobs/deadletter/").content.decode()
+    assert "/admin/jobs/deadletter/add/" not in listing
+
+
+def test_the_dashboards_dead_letter_link_opens_the_dead_letters(admin_client, redis_client):
+    page = admin_client.get("/dashboard/").content.decode()
+    assert 'href="/admin/jobs/deadletter/"' in page

@@ -18,7 +18,7 @@ import logging
 from celery.worker.consumer import Consumer
 from vine import promise
 
-from ratelimit import deadletters
+from jobs import deadletters
 
 log = logging.getLogger(__name__)
 

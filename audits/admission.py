@@ -1,7 +1,7 @@
 """Admission of audit submissions: the client's token bucket and the backlog backstop.
 
 One Lua script decides a submission: it refills the client's bucket, reads the
-backlog (audits.backlog), decides, takes the token only if the submission is
+audits queue's backlog (jobs.backlog), decides, takes the token only if the submission is
 admitted, and counts the decision, all in one round trip and one atomic step, so
 a count can never disagree with the decisions made. The order:
 
@@ -31,45 +31,61 @@ tests/test_admission_live.py::test_a_fail_fast_outage_admits_no_more_than_the_ca
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
 from django.conf import settings
 
-from audits.backlog import (
-    AUDIT_BACKLOG_LUA,
-    REDIS_NOW_LUA,
-    backlog_keys,
-    backlog_snapshot,
-    parked_grace_seconds,
-)
-from config.redis import LuaScript, redis_client
-from observability.metrics import admission_metric_keys, record_admission
-from ratelimit.buckets import TOKEN_BUCKET_LUA, BucketAnswer, submit_bucket_key
-from reaudit.services import count_scheduled
+from config.redis import REDIS_NOW_LUA, lua, redis_client
+from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
+from observability import gauges
+from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
 log = logging.getLogger(__name__)
 
-COUNTS_KEY = "admission:counts"
 ADMITTED, REFUSED_IP, REFUSED_BACKLOG = "admitted", "refused_ip", "refused_backlog"
-IN_BACKOFF_SUFFIX = "_in_backoff"
+SUBMIT_BUCKET_PREFIX = "ratelimit:submit:"
 # Room opens as soon as one audit starts, so the wait is short; the spread keeps
 # the clients refused together from all coming back in the same second.
 BACKLOG_RETRY_AFTER_SECONDS = (5, 15)
 
-# KEYS: bucket, counts, metrics counter, metrics minute bucket, then backlog_keys().
-# ARGV: burst, tokens per second, max depth, parked grace, bucket expiry.
-_ADMIT = LuaScript(
+# Lua functions; the scripts that use them (_ADMIT below) define `now`.
+TOKEN_BUCKET_LUA = """
+local function bucket_tokens(key, now, burst, per_second)
+  local state = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens, at = tonumber(state[1]), tonumber(state[2])
+  if not tokens then return burst end
+  return math.min(burst, tokens + math.max(0, now - at) * per_second)
+end
+
+local function bucket_take(key, now, tokens, burst, per_second)
+  local left = tokens - 1
+  redis.call('HSET', key, 'tokens', tostring(left), 'at', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil((burst - left) / per_second * 1000))
+end
+
+local function bucket_wait(tokens, per_second)
+  if tokens >= 1 then return 0 end
+  return (1 - tokens) / per_second
+end
+"""
+
+# KEYS: bucket, metrics counter, metrics minute bucket, then the audits queue's backlog_keys().
+# ARGV: burst, tokens per second, max depth, minute bucket expiry.
+_ADMIT = lua(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
-    + AUDIT_BACKLOG_LUA
+    + QUEUE_BACKLOG_LUA
     + """
 local now = redis_now()
 local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
-local waiting, retrying, running = audit_backlog(5, now, tonumber(ARGV[4]))
+local waiting, retrying, running = queue_backlog(4, now)
 local decision = 'admitted'
 if tokens < 1 then
   decision = 'refused_ip'
@@ -78,24 +94,72 @@ elseif waiting + retrying >= max_depth then
 else
   bucket_take(KEYS[1], now, tokens, burst, per_second)
 end
-redis.call('HINCRBY', KEYS[2], decision, 1)
-if retrying > 0 then
-  redis.call('HINCRBY', KEYS[2], decision .. '_in_backoff', 1)
-end
 -- The metrics (observability.metrics.admission_metric_keys) in the same step, so a
 -- decision costs one round trip: the counter's field is its labels as JSON.
 local in_backoff = 'false'
 if retrying > 0 then in_backoff = 'true' end
-local counter, bucket = KEYS[3], KEYS[4]
+local counter, bucket = KEYS[2], KEYS[3]
 redis.call('HINCRBY', counter, '["' .. decision .. '", "' .. in_backoff .. '"]', 1)
 redis.call('HINCRBY', bucket, 'admissions:' .. decision, 1)
 if retrying > 0 then
   redis.call('HINCRBY', bucket, 'admissions_in_backoff:' .. decision, 1)
 end
-redis.call('EXPIREAT', bucket, tonumber(ARGV[5]))
+redis.call('EXPIREAT', bucket, tonumber(ARGV[4]))
 return {decision, tostring(bucket_wait(tokens, per_second)), waiting, retrying, running}
 """
 )
+
+
+@dataclass(frozen=True)
+class BucketAnswer:
+    allowed: bool
+    # Seconds until the bucket holds a whole token again (0 when allowed).
+    wait_seconds: float
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds for a Retry-After header: never 0, never short."""
+        return max(1, math.ceil(self.wait_seconds))
+
+
+def client_ip(meta: Mapping[str, str], *, trusted_proxy_count: int) -> str:
+    """The address a request came from, as far as it can be trusted.
+
+    With no trusted proxy, the socket's peer (REMOTE_ADDR): X-Forwarded-For is
+    whatever the client chose to send. Behind N proxies that each append the
+    address they received from, the Nth entry from the right is the client; entries
+    further left were written by the client and are ignored. A header with fewer
+    than N entries, or an entry that is not an IP address, did not come through the
+    proxies as configured, so the peer address is used.
+    """
+    remote = meta.get("REMOTE_ADDR", "")
+    if trusted_proxy_count:
+        hops = [h.strip() for h in meta.get("HTTP_X_FORWARDED_FOR", "").split(",") if h.strip()]
+        if len(hops) >= trusted_proxy_count:
+            candidate = hops[-trusted_proxy_count]
+            try:
+                ipaddress.ip_address(candidate)
+            except ValueError:
+                return remote
+            return candidate
+    return remote
+
+
+def submit_bucket_key(ip: str) -> str:
+    """The bucket a client address submits from.
+
+    IPv6 clients are keyed by their /64: one host usually holds a whole /64 and
+    could otherwise take a fresh bucket with every address in it.
+    """
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return SUBMIT_BUCKET_PREFIX + ip
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return SUBMIT_BUCKET_PREFIX + str(address.ipv4_mapped)
+        return SUBMIT_BUCKET_PREFIX + str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return SUBMIT_BUCKET_PREFIX + str(address)
 
 
 class AdmissionUnavailable(Exception):
@@ -136,15 +200,19 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
     try:
         counter, bucket, bucket_expiry = admission_metric_keys()
         outcome, wait, waiting, retrying, running = _ADMIT(
-            client or redis_client(),
-            [submit_bucket_key(ip), COUNTS_KEY, counter, bucket, *backlog_keys()],
-            [
+            keys=[
+                submit_bucket_key(ip),
+                counter,
+                bucket,
+                *backlog_keys(settings.AUDIT_QUEUE),
+            ],
+            args=[
                 settings.AUDIT_SUBMIT_BURST,
                 settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
                 max_depth,
-                parked_grace_seconds(),
                 bucket_expiry,
             ],
+            client=client or redis_client(),
         )
     except redis.RedisError as exc:
         log.warning(
@@ -161,48 +229,50 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
         max_depth=max_depth,
         retry_after=_retry_after(outcome, float(wait)),
     )
-    record_decision(decision)
+    if not decision.admitted:
+        # Counted by the script; the log line says what the refusal was measured against.
+        log.info(
+            "admission.refused",
+            extra={
+                "reason": decision.outcome, "client_ip": ip, "backlog": decision.backlog,
+                "waiting": decision.waiting, "retrying": decision.retrying,
+                "running": decision.running, "max_depth": max_depth,
+            },
+        )  # fmt: skip
     return decision
 
 
-def record_decision(decision: Decision) -> None:
-    """Every decision passes here once: the one place to observe admission.
-
-    The counts (`admission_counts` and the metrics) were taken by the script itself,
-    in the same atomic step as the decision; this logs a refusal with what it saw.
-    """
-    record_admission(
-        decision.outcome,
-        write=False,
-        in_backoff=decision.retrying > 0,
-        backlog=decision.backlog,
-        client_ip=decision.client_ip,
-        waiting=decision.waiting,
-        retrying=decision.retrying,
-        running=decision.running,
-        max_depth=decision.max_depth,
-    )
-
-
 def admission_counts(client: redis.Redis | None = None) -> dict[str, int]:
-    """Decisions so far: admitted / refused_ip / refused_backlog, each also `_in_backoff`."""
-    raw = (client or redis_client()).hgetall(COUNTS_KEY)
-    counts = {name.decode(): int(value) for name, value in raw.items()}
-    names = [ADMITTED, REFUSED_IP, REFUSED_BACKLOG]
-    return {
-        name: counts.get(name, 0) for base in names for name in (base, base + IN_BACKOFF_SUFFIX)
-    }
+    """Decisions so far: admitted / refused_ip / refused_backlog, each also `_in_backoff`
+    (made while audits were waiting to retry), read from the decisions' metric."""
+    totals = read_counter(ADMISSION_DECISIONS_METRIC, client=client)
+    counts: dict[str, int] = {}
+    for decision in (ADMITTED, REFUSED_IP, REFUSED_BACKLOG):
+        in_backoff = int(totals.get((decision, "true"), 0))
+        counts[decision] = in_backoff + int(totals.get((decision, "false"), 0))
+        counts[f"{decision}_in_backoff"] = in_backoff
+    return counts
 
 
 def queue_report(client: redis.Redis | None = None) -> dict[str, int]:
     """What GET /api/queue and `manage.py queue_depth` show. Raises RedisError."""
-    client = client or redis_client()
-    snapshot = backlog_snapshot(client)
+    snapshot = backlog_snapshot(settings.AUDIT_QUEUE, client or redis_client())
     return {
         "backlog": snapshot.backlog,
         "waiting": snapshot.waiting,
         "retrying": snapshot.retrying,
         "running": snapshot.running,
-        "scheduled": count_scheduled(),
+        **gauges.read("scheduled"),
         "max_depth": settings.AUDIT_QUEUE_MAX_DEPTH,
+    }
+
+
+def queue_gauges() -> dict[str, int]:
+    """The audits queue's backlog, as the gauges report it (registered in audits.apps)."""
+    snapshot = backlog_snapshot(settings.AUDIT_QUEUE)
+    return {
+        "backlog": snapshot.backlog,
+        "waiting": snapshot.waiting,
+        "retrying": snapshot.retrying,
+        "running": snapshot.running,
     }

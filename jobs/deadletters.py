@@ -7,24 +7,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from celery import current_app
+from celery.utils import uuid
 from django.db import transaction
 from django.utils import timezone
+from kombu.utils.json import dumps, loads
 
+from jobs.errors import CannotReplay, MalformedTaskMessage
+from jobs.models import DeadLetter
 from observability import metrics
-from ratelimit.counters import count
 
 log = logging.getLogger(__name__)
 
 # Enough of an undecodable message to see what it was.
 RAW_MESSAGE_LIMIT = 64 * 1024
-
-
-class MalformedTaskMessage(Exception):
-    """A message no retry can fix: its arguments cannot belong to a real task."""
-
-
-class CannotReplay(Exception):
-    """Replaying this dead letter would make no sense; the message says why."""
 
 
 def record_task_failure(
@@ -41,8 +37,6 @@ def record_task_failure(
     queue: str,
 ):
     """Dead-letter a task that failed for the last time (called from its on_failure)."""
-    from ratelimit.models import DeadLetter
-
     if isinstance(exc, MalformedTaskMessage):
         reason = DeadLetter.Reason.MALFORMED
     elif exhausted:
@@ -68,9 +62,7 @@ def record_task_failure(
 def record_rejected_message(
     *, task_name: str, task_id: str, queue: str, args, kwargs, raw_message: str, problem: str
 ):
-    """Dead-letter a message the worker could not run at all (see ratelimit.consumer)."""
-    from ratelimit.models import DeadLetter
-
+    """Dead-letter a message the worker could not run at all (jobs.consumer, jobs.transport)."""
     now = timezone.now()
     return _create(
         task_name=task_name,
@@ -88,10 +80,7 @@ def record_rejected_message(
 
 
 def _create(**fields):
-    from ratelimit.models import DeadLetter
-
     dead_letter = DeadLetter.objects.create(**fields)
-    count("task.dead_lettered", task=fields["task_name"] or "unknown", reason=fields["reason"])
     metrics.record_dead_letter(fields["task_name"] or "unknown")
     log.warning(
         "task.dead_lettered",
@@ -111,8 +100,6 @@ def _jsonable(value):
     """Arguments as JSON can store them; None stays None (an undecodable body)."""
     if value is None:
         return None
-    from kombu.utils.json import dumps, loads
-
     return loads(dumps(value))
 
 
@@ -130,12 +117,9 @@ def replay(dead_letters: Iterable, *, by: str, include_replayed: bool = False) -
     replay is claimed with a conditional update in the same transaction as
     the task's own bookkeeping; the message goes out on commit.
     """
-    from config.celery_app import app
-    from ratelimit.models import DeadLetter
-
     report = ReplayReport()
     for dead_letter in dead_letters:
-        task = app.tasks.get(dead_letter.task_name)
+        task = current_app.tasks.get(dead_letter.task_name)
         if task is None:
             report.skipped.append((dead_letter, f"no task named {dead_letter.task_name!r}"))
             continue
@@ -159,7 +143,6 @@ def replay(dead_letters: Iterable, *, by: str, include_replayed: bool = False) -
             report.skipped.append((dead_letter, str(exc)))
             continue
         dead_letter.refresh_from_db()
-        count("task.replayed", task=dead_letter.task_name)
         log.info(
             "task.replayed",
             extra={
@@ -175,8 +158,6 @@ def replay(dead_letters: Iterable, *, by: str, include_replayed: bool = False) -
 
 def send_on_commit(task, args, kwargs) -> str:
     """Publish the task once the surrounding transaction commits; return its new id."""
-    from celery.utils import uuid
-
     task_id = uuid()
     transaction.on_commit(lambda: task.apply_async(args=args, kwargs=kwargs, task_id=task_id))
     return task_id

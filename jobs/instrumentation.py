@@ -1,9 +1,12 @@
-"""Counting every task's attempts, retries and outcomes from Celery's signals.
+"""What every job reports: its log lines and its metrics.
 
-Signals rather than hooks in a task base class: they see every task, whatever its
-base, and they fire in the process that runs the task (a prefork pool child), so
-nothing here depends on how a task decides to retry. They also write the
-`task.started` / `task.finished` log lines.
+`PlumbTask` calls these at the moments that matter to the product: an attempt
+starts once its breaker lets it through (a parked run is no attempt), it retries,
+waits or completes. Only jobs whose policy `counts_as_job` (audits, link checks,
+webhook deliveries) are counted, so the unique jobs and the downstream requests per
+unique job describe the product's work, never housekeeping. The signal handlers
+below log every task, housekeeping included, and stamp each message with the time
+it was published.
 """
 
 from __future__ import annotations
@@ -28,17 +31,6 @@ _started: dict[str, float] = {}
 _AUDIT_OUTCOMES = {"SUCCESS": "succeeded", "RETRY": "retried", "FAILURE": "failed"}
 
 
-def retry_reason(exc: BaseException | None) -> str:
-    """Why a retry was scheduled. An exception may say so itself (`retry_reason`);
-    a downstream answering 429 is rate limiting us; anything else is an error."""
-    reason = getattr(exc, "retry_reason", None)
-    if reason in metrics.RETRY_REASONS:
-        return reason
-    if getattr(exc, "status_code", None) == 429:
-        return "rate_limited"
-    return "error"
-
-
 def queue_wait(request, started: float) -> float | None:
     """Seconds between the message becoming due (published, or its ETA) and `started`."""
     headers = request.headers or {}
@@ -56,6 +48,33 @@ def queue_wait(request, started: float) -> float | None:
     return max(0.0, started - due)
 
 
+def attempt_started(task) -> None:
+    """A job's attempt passed its breaker and is about to run."""
+    if not task.policy.counts_as_job:
+        return
+    request = task.request
+    waited = queue_wait(request, time.time())
+    metrics.record_task_attempt(
+        task.name, first=not request.retries, job_id=request.id, queue_wait=waited
+    )
+
+
+def waited(task, reason: str) -> None:
+    """A job was sent back to wait: `reason` is error, rate_limited or breaker_parked."""
+    if task.policy.counts_as_job:
+        metrics.record_retry(task.name, reason)
+
+
+def completed(task) -> None:
+    if task.policy.counts_as_job:
+        metrics.record_completion(task.name)
+
+
+def failed(task) -> None:
+    if task.policy.counts_as_job:
+        metrics.record_failure(task.name)
+
+
 @signals.before_task_publish.connect
 def stamp_published_at(headers=None, **kwargs):
     if headers is not None:
@@ -63,36 +82,16 @@ def stamp_published_at(headers=None, **kwargs):
 
 
 @signals.task_prerun.connect
-def count_attempt(task_id=None, task=None, **kwargs):
-    now = time.time()
+def log_start(task_id=None, task=None, **kwargs):
     _started[task_id] = time.monotonic()
-    request = task.request
-    first = not request.retries
-    waited = queue_wait(request, now)
     log.info(
         "task.started",
-        extra={
-            "task": task.name,
-            "task_id": task_id,
-            "attempt": request.retries + 1,
-            "queue_wait_seconds": None if waited is None else round(waited, 3),
-        },
+        extra={"task": task.name, "task_id": task_id, "attempt": task.request.retries + 1},
     )
-    metrics.record_task_attempt(task.name, first=first, job_id=task_id, queue_wait=waited)
-
-
-@signals.task_retry.connect
-def count_retry(sender=None, reason=None, **kwargs):
-    metrics.record_retry(sender.name, retry_reason(reason))
-
-
-@signals.task_failure.connect
-def count_failure(sender=None, **kwargs):
-    metrics.record_failure(sender.name)
 
 
 @signals.task_postrun.connect
-def count_outcome(task_id=None, task=None, state=None, **kwargs):
+def log_finish(task_id=None, task=None, state=None, **kwargs):
     started = _started.pop(task_id, None)
     seconds = None if started is None else time.monotonic() - started
     log.info(
@@ -104,7 +103,5 @@ def count_outcome(task_id=None, task=None, state=None, **kwargs):
             "seconds": None if seconds is None else round(seconds, 3),
         },
     )
-    if state == "SUCCESS":
-        metrics.record_completion(task.name)
     if task.name == metrics.AUDIT_TASK and seconds is not None and state in _AUDIT_OUTCOMES:
         metrics.record_audit_duration(seconds, outcome=_AUDIT_OUTCOMES[state])

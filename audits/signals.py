@@ -1,0 +1,7 @@
+"""What `audits` tells the apps above it, so it never imports them."""
+
+from django.dispatch import Signal
+
+# An audit reached succeeded or failed, and that is committed. Sent once per audit
+# (the finish is a conditional update), with `audit_id`. The webhooks app listens.
+audit_finished = Signal()

@@ -1,0 +1,131 @@
+"""What a queue owes its workers, derived from where the work is, never kept by hooks.
+
+    backlog = waiting + held + delayed
+
+- waiting: messages on the queue's Redis lists (the main key and every priority
+  sub-queue kombu keeps beside it);
+- held: messages a worker of the queue holds without running them. kombu takes an
+  ETA message (a retry in backoff, a short deferral) off the list at once and keeps it
+  in the queue's `unacked` hash until it is acknowledged, so the hash holds every
+  such message, every running attempt (acks are late) and the few a worker has
+  prefetched; subtracting the running attempts leaves the ones owed a slot;
+- delayed: the queue's entries in the delayed store (jobs.delayed): long retries,
+  breaker parks, rate-limit deferrals, busy hosts, whatever made them wait.
+
+`held` and `delayed` are reported together as `retrying`: owed a slot, not yet due.
+The running attempts are registered by the runtime itself around every run
+(`running`), under any pool: a prefork process, a thread or a greenlet registers
+the attempt it runs. An entry is a lease that outlives the task's hard time limit,
+so the entry of a process that died vanishes within that limit.
+
+Each count is O(1) in Redis (LLEN, HLEN, ZCARD, plus trimming expired leases), so
+the read costs the same with 100 or 100,000 held messages, and it is one Lua script:
+one round trip, one consistent moment. Work for another queue is never counted:
+each queue's workers keep their own unacked keys (config.celery_app), so tonight's
+re-audit placements, held by the `reaudit` workers, are not the audits' backlog.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from config.celery_app import queue_list_keys, unacked_key_for_queue
+from config.redis import REDIS_NOW_LUA, lua, redis_client
+from jobs.delayed import delayed_key, leased_key
+
+log = logging.getLogger(__name__)
+
+# A running lease outlives the hard time limit by this much, so clock skew between
+# a worker host and Redis never drops the entry of a live attempt.
+RUNNING_LEASE_MARGIN_SECONDS = 30
+
+# KEYS from `backlog_keys` (from KEYS[first_key] on): unacked hash, running zset,
+# delayed zset, leased zset, then the queue's lists.
+QUEUE_BACKLOG_LUA = """
+local function queue_backlog(first_key, now)
+  local unacked, running_key = KEYS[first_key], KEYS[first_key + 1]
+  local waiting = 0
+  for i = first_key + 4, #KEYS do
+    waiting = waiting + redis.call('LLEN', KEYS[i])
+  end
+  redis.call('ZREMRANGEBYSCORE', running_key, '-inf', now)
+  local running = redis.call('ZCARD', running_key)
+  local held = redis.call('HLEN', unacked) - running
+  if held < 0 then held = 0 end
+  local delayed = redis.call('ZCARD', KEYS[first_key + 2]) + redis.call('ZCARD', KEYS[first_key + 3])
+  return waiting, held + delayed, running
+end
+"""
+
+_SNAPSHOT = lua(
+    REDIS_NOW_LUA
+    + QUEUE_BACKLOG_LUA
+    + """
+local waiting, retrying, running = queue_backlog(1, redis_now())
+return {waiting, retrying, running}
+"""
+)
+
+_STARTED = lua(
+    REDIS_NOW_LUA
+    + """
+redis.call('ZADD', KEYS[1], redis_now() + tonumber(ARGV[2]), ARGV[1])
+"""
+)
+
+
+@dataclass(frozen=True)
+class BacklogSnapshot:
+    waiting: int
+    retrying: int
+    running: int
+
+    @property
+    def backlog(self) -> int:
+        return self.waiting + self.retrying
+
+
+def running_key(queue: str) -> str:
+    return f"jobs:running:{queue}"
+
+
+def backlog_keys(queue: str) -> list[str]:
+    """KEYS for QUEUE_BACKLOG_LUA, in its order."""
+    return [
+        unacked_key_for_queue(queue),
+        running_key(queue),
+        delayed_key(queue),
+        leased_key(queue),
+        *queue_list_keys(queue),
+    ]
+
+
+def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSnapshot:
+    """Waiting, retrying and running work of `queue`, read in one round trip. Raises RedisError."""
+    waiting, retrying, running = _SNAPSHOT(
+        keys=backlog_keys(queue), client=client or redis_client()
+    )
+    return BacklogSnapshot(waiting=int(waiting), retrying=int(retrying), running=int(running))
+
+
+def attempt_started(queue: str, run_id: str, *, lease_seconds: float) -> None:
+    """An attempt runs: its held message is not owed a slot while it does."""
+    try:
+        _STARTED(
+            keys=[running_key(queue)],
+            args=[run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS],
+            client=redis_client(),
+        )
+    except redis.RedisError as exc:
+        # Best effort: the attempt runs even when its bookkeeping cannot be written.
+        log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})
+
+
+def attempt_stopped(queue: str, run_id: str) -> None:
+    try:
+        redis_client().zrem(running_key(queue), run_id)
+    except redis.RedisError as exc:
+        log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})

@@ -1,0 +1,103 @@
+"""The threads a worker's main process runs, started and stopped with the worker.
+
+One mechanism for all of them: a bootstep per thread, each thread with a Redis client
+of its own (`config.redis.dedicated_client`), never the process's shared one, and
+never anything a pool process uses. config.celery_app adds the steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+import redis
+from celery import bootsteps
+from django.conf import settings
+from django.db import connections
+
+from config.redis import dedicated_client
+from jobs import delayed
+from observability import sampler
+
+log = logging.getLogger(__name__)
+
+
+class WorkerThread(bootsteps.StartStopStep):
+    """Runs `tick` every `interval()` seconds in a thread of the worker's main process."""
+
+    thread_name = "worker-thread"
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def interval(self) -> float:
+        raise NotImplementedError
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        raise NotImplementedError
+
+    def start(self, worker):
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(worker,), name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, worker):
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    shutdown = stop
+
+    def _run(self, worker) -> None:
+        client = dedicated_client()
+        try:
+            while not self._stopping.wait(self.interval()):
+                try:
+                    self.tick(worker, client)
+                except Exception:  # a Redis or database hiccup must not end the thread
+                    log.exception("worker_thread.failed", extra={"thread": self.thread_name})
+                finally:
+                    # This thread's own database connection: not held between ticks.
+                    connections.close_all()
+        finally:
+            client.close()
+
+
+class DelayedWaker(WorkerThread):
+    """Publishes the delayed-store entries of the queue this worker consumes as they come due.
+
+    Whatever runs a queue's jobs also wakes them, with no other process to keep alive.
+    Several workers waking the same queue is fine: the lease hands each entry to one.
+    """
+
+    label = "Delayed job waker"
+    thread_name = "delayed-waker"
+
+    def interval(self) -> float:
+        # Spread, so the workers of one queue do not all poll in the same instant.
+        return settings.DELAYED_POLL_INTERVAL_SECONDS * random.uniform(0.8, 1.2)
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        for queue in sorted(worker.app.amqp.queues.consume_from):
+            woken = delayed.wake_due(queue, client=client, app=worker.app)
+            if woken:
+                log.info("delayed.woken", extra={"queue": queue, "count": woken})
+
+
+class MinuteSampler(WorkerThread):
+    """Once a minute, one worker (any host) records the gauges for the dashboard."""
+
+    label = "Metrics minute sampler"
+    thread_name = "metrics-sampler"
+
+    def interval(self) -> float:
+        return sampler.seconds_to_next_sample()
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        sampler.sample_once(client=client)

@@ -1,0 +1,73 @@
+"""The job runtime's records: dead letters, and the last known state of each breaker."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class DeadLetter(models.Model):
+    """A task that will not run again on its own: out of attempts, failed for good, or malformed."""
+
+    class Reason(models.TextChoices):
+        ATTEMPTS_EXHAUSTED = "attempts_exhausted", "attempts exhausted"
+        FAILED = "failed", "failed (not retryable)"
+        MALFORMED = "malformed", "malformed message"
+
+    task_name = models.CharField(max_length=255, blank=True)
+    task_id = models.CharField(max_length=255, blank=True, db_index=True)
+    queue = models.CharField(max_length=255, blank=True)
+    # None when the message body could not be decoded; `raw_message` has it then.
+    args = models.JSONField(null=True, blank=True)
+    kwargs = models.JSONField(null=True, blank=True)
+    raw_message = models.TextField(blank=True)
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    exception = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(
+        default=0, help_text="Times the task ran (0: the worker could not run it at all)."
+    )
+    first_failed_at = models.DateTimeField()
+    last_failed_at = models.DateTimeField()
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=255, blank=True)
+    replay_task_id = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["-last_failed_at"]
+        indexes = [
+            models.Index(fields=["task_name", "-last_failed_at"], name="deadletter_task_idx"),
+            models.Index(fields=["replayed_at", "-last_failed_at"], name="deadletter_replayed_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name or 'unknown task'} {self.task_id} ({self.get_reason_display()})"
+
+    @property
+    def is_replayed(self) -> bool:
+        return self.replayed_at is not None
+
+
+class CircuitBreaker(models.Model):
+    """The last known state of one breaker, for the admin; the live state is in Redis."""
+
+    class State(models.TextChoices):
+        CLOSED = "closed"
+        OPEN = "open"
+        HALF_OPEN = "half_open", "half-open"
+
+    task_name = models.CharField(max_length=255)
+    host = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.CLOSED)
+    last_transition = models.CharField(max_length=32, blank=True)
+    changed_at = models.DateTimeField()
+    open_until = models.DateTimeField(null=True, blank=True)
+    times_opened = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["task_name", "host"]
+        constraints = [
+            models.UniqueConstraint(fields=["task_name", "host"], name="breaker_task_host_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} → {self.host}"

@@ -1,0 +1,314 @@
+"""PlumbTask: the one base class every Plumb task runs through.
+
+Around each run it puts, in this order:
+
+1. a duplicate check: a second publish of one delayed-store entry is acknowledged
+   without running (jobs.delayed.claim);
+2. the message's shape: arguments that cannot belong to a real task are a
+   `MalformedTaskMessage`, dead-lettered on this first delivery;
+3. the circuit breaker of the task's downstream host (`downstream_host`): while it
+   is open the job is parked, without spending an attempt;
+4. the metrics of an attempt (only now: a parked run is no attempt) and the running
+   registry that keeps the backlog exact (jobs.backlog);
+5. the task's policy (`policy`, a jobs.policy.RetryPolicy) on what the run raised:
+   `RateLimited` defers the job without spending an attempt, up to the policy's
+   deferrals; `Transient` (and the policy's `retry_on`) retries it after
+   `jobs.policy.delay`; anything else, or a retry past the last attempt, ends it as
+   a dead letter (jobs.deadletters).
+
+Every wait takes the same road (`_wait`): a short retry rides in the broker as an ETA
+message that a worker holds, when the policy allows it; every other wait (a longer
+retry, a deferral, a park, any wait of a policy that holds none) goes to the delayed
+store.
+Subclasses name their downstream with `downstream_host` and may override the hooks
+`before_wait`, `after_final_failure` and `replay_dead_letter`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+
+from celery import Task
+from celery.exceptions import Ignore, Retry
+from celery.worker.request import Request
+from django.conf import settings
+from redis import RedisError
+
+from jobs import backlog, breakers, deadletters, delayed, instrumentation
+from jobs.errors import MalformedTaskMessage, RateLimited, Transient
+from jobs.policy import (
+    DATABASE_UNAVAILABLE,
+    DEFERRAL,
+    PARK,
+    RETRY,
+    RetryPolicy,
+    delay,
+    longest_held_countdown,
+)
+
+log = logging.getLogger(__name__)
+
+# Message headers a job carries from one wait to the next.
+FIRST_FAILED_AT_HEADER = "plumb_first_failed_at"
+DEFERRALS_HEADER = "plumb_deferrals"
+CARRIED_HEADERS = (FIRST_FAILED_AT_HEADER, DEFERRALS_HEADER)
+
+# What each kind of wait is counted as (plumb_task_retries_total{reason}), and logged as.
+RETRY_REASONS = {RETRY: "error", DEFERRAL: "rate_limited", PARK: "breaker_parked"}
+LOG_EVENTS = {RETRY: "task.retry", DEFERRAL: "task.deferred", PARK: "task.parked"}
+
+
+class Waiting(Ignore):
+    """The job was sent back to wait (deferred or parked): this run ends with no verdict."""
+
+
+class PlumbRequest(Request):
+    """A request whose hard time limit ends in the task's own failure hooks, with its context.
+
+    Celery runs `on_failure` for a hard time limit in the worker's main process, where
+    the task's request stack is empty: the attempt count and headers read there would
+    be a blank request's. The task is dead-lettered (and its audit finished as failed)
+    at once, not left `running` for the reconciler to run again and again.
+    """
+
+    def on_timeout(self, soft, timeout):
+        if soft:
+            return super().on_timeout(soft, timeout)
+        self.task.request_stack.push(self._context)
+        try:
+            return super().on_timeout(soft, timeout)
+        finally:
+            self.task.request_stack.pop()
+
+
+def header(request, name: str):
+    """A header of the message being run (Celery puts custom headers on the request)."""
+    value = request.get(name)
+    if value is None:
+        value = (request.headers or {}).get(name)
+    return value
+
+
+class PlumbTask(Task):
+    abstract = True
+    Request = PlumbRequest
+    policy: RetryPolicy = RetryPolicy()
+    # Celery's own retry machinery is off: the policy decides (`_wait`).
+    autoretry_for = ()
+    retry_backoff = False
+
+    def downstream_host(self, args: tuple, kwargs: dict) -> str | None:
+        """The host this run will call (its breaker's key), or None for no breaker.
+
+        Raise MalformedTaskMessage when the arguments cannot belong to a real task
+        (an id of the wrong type, a row that never existed).
+        """
+        return None
+
+    # --- running ---------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        if not delayed.claim(self._headers(request)):
+            log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
+            return None
+        self._check_arguments(args, kwargs)
+        try:
+            host = self.downstream_host(args, kwargs)
+        except DATABASE_UNAVAILABLE as exc:
+            # The database, not the message, is at fault: try again like any outage.
+            return self._after_error(exc)
+        permit = self._permit(host)
+        if permit is not None and not permit.allowed:
+            reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
+            self._wait(PARK, after=permit.release_in, why=reason)
+        return self._attempt(host, permit, args, kwargs)
+
+    def _permit(self, host: str | None) -> breakers.Permit | None:
+        if host is None or not settings.BREAKER_ENABLED:
+            return None
+        try:
+            return breakers.Breaker(self.name, host).acquire()
+        except RedisError:
+            # The breaker fails open: without its state, the call goes through.
+            log.warning("breaker.unavailable", extra={"task": self.name, "host": host})
+            return None
+
+    def _attempt(self, host, permit, args, kwargs):
+        queue = self._queue()
+        run_id = f"{self.request.id}:{time.monotonic_ns()}"
+        instrumentation.attempt_started(self)
+        backlog.attempt_started(
+            queue,
+            run_id,
+            lease_seconds=self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue],
+        )
+        outcome = breakers.NO_VERDICT
+        try:
+            result = super().__call__(*args, **kwargs)
+        except RateLimited as exc:
+            return self._after_rate_limit(exc)
+        except Exception as exc:
+            if isinstance(exc, Transient):
+                outcome = breakers.FAILURE
+            return self._after_error(exc)
+        else:
+            outcome = breakers.SUCCESS
+            instrumentation.completed(self)
+            return result
+        finally:
+            backlog.attempt_stopped(queue, run_id)
+            if permit is not None:
+                self._record_verdict(host, permit, outcome)
+
+    def _record_verdict(self, host: str, permit: breakers.Permit, outcome: str) -> None:
+        try:
+            breakers.Breaker(self.name, host).record(permit, outcome)
+        except Exception:
+            # Bookkeeping must not turn a finished run into a failed one.
+            log.exception("breaker.record_failed", extra={"task": self.name, "host": host})
+
+    def _check_arguments(self, args: tuple, kwargs: dict) -> None:
+        try:
+            inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise MalformedTaskMessage(f"arguments do not fit {self.name}: {exc}") from None
+
+    # --- what a run raised -------------------------------------------------------
+    def _after_rate_limit(self, exc: RateLimited):
+        deferrals = int(header(self.request, DEFERRALS_HEADER) or 0)
+        if deferrals >= self.policy.max_deferrals:
+            # A host that keeps refusing us: its waits now spend attempts, so it ends.
+            return self._after_error(exc)
+        self._wait(
+            DEFERRAL,
+            step=deferrals + 1,
+            after=None if exc.retry_at is None else exc.retry_after,
+            why=str(exc),
+            exc=exc,
+            deferrals=deferrals + 1,
+        )
+
+    def _after_error(self, exc: BaseException):
+        request = self.request
+        if not self.policy.retries(exc) or request.retries >= self.policy.max_attempts() - 1:
+            raise exc
+        self._wait(RETRY, step=request.retries + 1, after=getattr(exc, "retry_after", None),
+                   why=f"{exc.__class__.__name__}: {exc}", exc=exc)  # fmt: skip
+
+    def _wait(
+        self,
+        reason: str,
+        *,
+        step: int = 1,
+        after: float | None,
+        why: str,
+        exc: BaseException | None = None,
+        deferrals: int | None = None,
+    ):
+        """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park)."""
+        request = self.request
+        seconds = delay(self.policy, reason, step=step, after=after)
+        queue = self._queue()
+        # Only a short retry rides in the broker: parks and deferrals come in bursts (an
+        # outage, a host's limit), and a worker holding thousands of ETA messages it
+        # cannot run is what the store exists to prevent.
+        held = (
+            reason == RETRY
+            and self.policy.countdowns_held
+            and seconds <= longest_held_countdown(queue, self.time_limit)
+        )
+        # A retry spends an attempt; a deferral or a park does not.
+        retries = request.retries + 1 if reason == RETRY else request.retries
+        headers = {name: header(request, name) for name in CARRIED_HEADERS}
+        headers = {name: value for name, value in headers.items() if value is not None}
+        if reason == RETRY:
+            headers.setdefault(FIRST_FAILED_AT_HEADER, time.time())
+        if deferrals is not None:
+            headers[DEFERRALS_HEADER] = deferrals
+        log.info(
+            LOG_EVENTS[reason],
+            extra={
+                "task": self.name, "task_id": request.id,
+                "attempt": request.retries + 1, "delay_seconds": round(seconds, 3),
+                "held": held, "reason": why, "deferrals": deferrals,
+            },
+        )  # fmt: skip
+        self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
+        instrumentation.waited(self, RETRY_REASONS[reason])
+        if held:
+            self.apply_async(
+                args=request.args, kwargs=request.kwargs, task_id=request.id, queue=queue,
+                countdown=seconds, retries=retries, headers=headers,
+            )  # fmt: skip
+        else:
+            entry = delayed.Entry(
+                task=self.name, queue=queue, task_id=request.id,
+                args=list(request.args or []), kwargs=dict(request.kwargs or {}),
+                retries=retries, headers=headers, wait=reason, reason=why,
+                wait_on=exc.wait_on if isinstance(exc, RateLimited) else None,
+            )  # fmt: skip
+            delayed.schedule(entry, delay=seconds)
+        if reason == RETRY:
+            # Celery records the retry (task_retry, state RETRY) and acknowledges the message.
+            raise Retry(exc=exc, when=seconds)
+        raise Waiting(why)
+
+    def _queue(self) -> str:
+        """The queue this message came from (or the task's own)."""
+        delivery_info = self.request.delivery_info or {}
+        return delivery_info.get("routing_key") or self.queue or settings.CELERY_TASK_DEFAULT_QUEUE
+
+    @staticmethod
+    def _headers(request) -> dict:
+        return {
+            name: header(request, name) for name in (delayed.ENTRY_HEADER, delayed.PUBLISH_HEADER)
+        }
+
+    # --- giving up ---------------------------------------------------------------
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        request = self.request
+        attempts = request.retries + 1
+        log.warning(
+            "task.failed",
+            extra={
+                "task": self.name,
+                "task_id": task_id,
+                "attempts": attempts,
+                "error": f"{exc.__class__.__name__}: {exc}",
+            },
+        )
+        instrumentation.failed(self)
+        deadletters.record_task_failure(
+            task=self,
+            task_id=task_id,
+            args=args,
+            kwargs=kwargs,
+            exc=exc,
+            traceback=str(einfo.traceback) if einfo else "",
+            attempts=attempts,
+            first_failed_at=header(request, FIRST_FAILED_AT_HEADER),
+            exhausted=self.policy.retries(exc),
+            queue=self._queue(),
+        )
+        self.after_final_failure(exc, args=args, kwargs=kwargs)
+
+    # --- hooks -------------------------------------------------------------------
+    def before_wait(self, reason: str, seconds: float, *, why: str, args, kwargs) -> None:
+        """Called before the job is sent back to wait (retry, deferral or park),
+        while the task still holds its message."""
+
+    def after_final_failure(self, exc, *, args, kwargs) -> None:
+        """Called once no attempt is left (or the error was not retryable)."""
+
+    def replay_dead_letter(self, args: list, kwargs: dict) -> str:
+        """Enqueue the task again from a dead letter; return the new task id.
+
+        Called inside the transaction that marks the dead letter replayed:
+        publish on commit. Raise jobs.errors.CannotReplay when replaying would
+        make no sense.
+        """
+        return deadletters.send_on_commit(self, args, kwargs)
