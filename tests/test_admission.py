@@ -7,15 +7,22 @@ import time
 
 import pytest
 import redis
-from audits.backlog import BacklogSnapshot, backlog_snapshot
 from django.conf import settings
 
-from audits import admission, backlog
-from audits.admission import client_ip, submit_bucket_key, take_token
+from audits import admission
+from audits.admission import BucketAnswer, client_ip, submit_bucket_key
+from audits.tasks import AUDIT_TIME_LIMIT_SECONDS
+from jobs import backlog, delayed
+from jobs.backlog import BacklogSnapshot, backlog_snapshot
+from observability.collector import exposition
 from observability.metrics import minute_key, minute_of
 
 AUDITS = "audits"
 PRIORITY_SUB_QUEUES = ["audits\x06\x163", "audits\x06\x166", "audits\x06\x169"]
+
+
+def audits_backlog() -> BacklogSnapshot:
+    return backlog_snapshot(AUDITS)
 
 
 def hold(redis_client, tag: str) -> None:
@@ -23,39 +30,52 @@ def hold(redis_client, tag: str) -> None:
     redis_client.hset("unacked:audits", tag, '[{}, "", "audits"]')
 
 
-# --- the token bucket ----------------------------------------------------------------
+# --- the token bucket (through the one script that decides) -----------------------------
 
 
-def test_a_bucket_allows_its_burst_then_says_when_the_next_token_comes(redis_client):
-    answers = [take_token("b", burst=3, rate_per_minute=6) for _ in range(4)]
-    assert [a.allowed for a in answers] == [True, True, True, False]
+@pytest.fixture
+def bucket(settings):
+    """A bucket of `burst` tokens refilled at `rate_per_minute`, and a roomy backlog."""
+
+    def configure(*, burst: int, rate_per_minute: float) -> None:
+        settings.AUDIT_SUBMIT_BURST = burst
+        settings.AUDIT_SUBMIT_RATE_PER_MINUTE = rate_per_minute
+        settings.AUDIT_QUEUE_MAX_DEPTH = 1000
+
+    return configure
+
+
+def test_a_bucket_allows_its_burst_then_says_when_the_next_token_comes(bucket, redis_client):
+    bucket(burst=3, rate_per_minute=6)
+    answers = [admission.admit_submission("192.0.2.1") for _ in range(4)]
+    assert [a.admitted for a in answers] == [True, True, True, False]
     # 6 per minute: a token every 10 s, and the last one was just taken.
-    assert 9 < answers[-1].wait_seconds <= 10
     assert answers[-1].retry_after == 10
 
 
-def test_a_bucket_refills_at_its_rate(redis_client):
-    assert take_token("b", burst=1, rate_per_minute=600).allowed
-    assert not take_token("b", burst=1, rate_per_minute=600).allowed
+def test_a_bucket_refills_at_its_rate(bucket, redis_client):
+    bucket(burst=1, rate_per_minute=600)
+    assert admission.admit_submission("192.0.2.1").admitted
+    assert not admission.admit_submission("192.0.2.1").admitted
     time.sleep(0.15)  # 600 per minute: a token every 0.1 s
-    assert take_token("b", burst=1, rate_per_minute=600).allowed
+    assert admission.admit_submission("192.0.2.1").admitted
 
 
 def test_retry_after_is_whole_seconds_and_never_zero():
-    from audits.admission import BucketAnswer
-
     assert BucketAnswer(allowed=False, wait_seconds=0.01).retry_after == 1
     assert BucketAnswer(allowed=False, wait_seconds=2.0).retry_after == 2
     assert BucketAnswer(allowed=False, wait_seconds=2.001).retry_after == 3
 
 
-def test_a_bucket_is_forgotten_once_it_would_be_full_again(redis_client):
-    take_token("b", burst=5, rate_per_minute=60)
+def test_a_bucket_is_forgotten_once_it_would_be_full_again(bucket, redis_client):
+    bucket(burst=5, rate_per_minute=60)
+    admission.admit_submission("192.0.2.1")
     # One token spent at one per second: full again in a second.
-    assert 0 < redis_client.pttl("b") <= 1000
+    assert 0 < redis_client.pttl(submit_bucket_key("192.0.2.1")) <= 1000
 
 
-def test_processes_share_a_bucket_and_never_both_spend_its_last_token(redis_client):
+def test_processes_share_a_bucket_and_never_both_spend_its_last_token(bucket, redis_client):
+    bucket(burst=10, rate_per_minute=0.01)
     clients = [redis.Redis.from_url(settings.REDIS_URL) for _ in range(8)]
     allowed = []
     start = threading.Barrier(len(clients))
@@ -63,7 +83,7 @@ def test_processes_share_a_bucket_and_never_both_spend_its_last_token(redis_clie
     def spend(client):
         start.wait()
         for _ in range(5):
-            allowed.append(take_token("b", burst=10, rate_per_minute=0.01, client=client).allowed)
+            allowed.append(admission.admit_submission("192.0.2.1", client=client).admitted)
 
     threads = [threading.Thread(target=spend, args=(c,)) for c in clients]
     for thread in threads:
@@ -113,59 +133,52 @@ def test_it_counts_waiting_audits_on_every_priority_sub_queue(redis_client):
     for key in [AUDITS, *PRIORITY_SUB_QUEUES]:
         redis_client.lpush(key, "message")
     redis_client.lpush(AUDITS, "another")
-    assert backlog_snapshot() == BacklogSnapshot(waiting=5, retrying=0, running=0)
+    assert audits_backlog() == BacklogSnapshot(waiting=5, retrying=0, running=0)
 
 
 def test_it_counts_held_messages_that_are_not_running_as_retrying(redis_client):
     for tag in ["a", "b", "c"]:
         hold(redis_client, tag)
-    backlog.note_started("audit-1")
-    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=2, running=1)
-    backlog.note_stopped("audit-1")
-    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=3, running=0)
+    backlog.attempt_started(AUDITS, "run-1", lease_seconds=70)
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=2, running=1)
+    backlog.attempt_stopped(AUDITS, "run-1")
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=3, running=0)
+
+
+def test_it_counts_every_entry_of_the_audits_delayed_store_leased_or_not(redis_client):
+    for n in range(3):
+        delayed.schedule(delayed.Entry("audits.run_audit", AUDITS, f"t{n}"), delay=600 * n)
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=3, running=0)
+    # The due one is leased by a waker that has not published it yet: still owed a slot.
+    assert len(delayed.lease_due(AUDITS, client=redis_client)) == 1
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=3, running=0)
 
 
 def test_a_running_lease_left_by_a_dead_process_expires(redis_client):
     hold(redis_client, "a")
-    redis_client.zadd(backlog.RUNNING_KEY, {"dead-audit": time.time() - 1})
-    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=1, running=0)
-    assert redis_client.zcard(backlog.RUNNING_KEY) == 0
+    redis_client.zadd(backlog.running_key(AUDITS), {"dead-run": time.time() - 1})
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=1, running=0)
+    assert redis_client.zcard(backlog.running_key(AUDITS)) == 0
 
 
 def test_a_running_lease_outlives_the_hard_time_limit(redis_client):
-    from audits.tasks import AUDIT_TIME_LIMIT_SECONDS
-
-    backlog.note_started("audit-1")
-    ((_, deadline),) = redis_client.zrange(backlog.RUNNING_KEY, 0, -1, withscores=True)
+    backlog.attempt_started(AUDITS, "run-1", lease_seconds=AUDIT_TIME_LIMIT_SECONDS)
+    ((_, deadline),) = redis_client.zrange(backlog.running_key(AUDITS), 0, -1, withscores=True)
     assert deadline - time.time() > AUDIT_TIME_LIMIT_SECONDS
 
 
-def test_a_parked_audit_is_counted_until_it_starts(redis_client):
-    backlog.note_parked("audit-1", due_in_seconds=600)
-    assert backlog_snapshot().retrying == 1
-    backlog.note_started("audit-1")
-    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=1)
-
-
-def test_a_parked_entry_long_past_due_heals_away(redis_client):
-    grace = settings.AUDITS_VISIBILITY_TIMEOUT_SECONDS
-    backlog.note_parked("lost", due_in_seconds=-(grace + 1))
-    backlog.note_parked("just-due", due_in_seconds=-(grace - 30))
-    assert backlog_snapshot().retrying == 1
-    assert redis_client.zrange(backlog.PARKED_KEY, 0, -1) == [b"just-due"]
-
-
-def test_reaudit_messages_are_not_backlog(redis_client):
+def test_other_queues_are_not_the_audits_backlog(redis_client):
     redis_client.lpush("reaudit", "placement")
     redis_client.lpush("reaudit\x06\x169", "placement")
     redis_client.hset("unacked:reaudit", "tag", "placement held until its ETA")
-    assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=0)
+    delayed.schedule(delayed.Entry("webhooks.deliver", "webhooks", "t"), delay=60)
+    assert audits_backlog() == BacklogSnapshot(waiting=0, retrying=0, running=0)
 
 
 def test_registry_writes_are_best_effort_when_redis_is_down(settings, caplog):
     settings.REDIS_URL = "redis://127.0.0.1:9/0"
-    backlog.note_started("audit-1")
-    backlog.note_stopped("audit-1")
+    backlog.attempt_started(AUDITS, "run-1", lease_seconds=70)
+    backlog.attempt_stopped(AUDITS, "run-1")
     assert [r.getMessage() for r in caplog.records].count("backlog.note_failed") == 2
 
 
@@ -242,7 +255,7 @@ def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limit
 
 
 def test_a_refusal_is_logged_with_the_backlog_it_saw(limits, redis_client, caplog):
-    caplog.set_level("INFO", logger="observability.metrics")
+    caplog.set_level("INFO", logger="audits.admission")
     redis_client.lpush(AUDITS, "a")
     hold(redis_client, "x")
     hold(redis_client, "y")
@@ -260,6 +273,4 @@ def test_it_raises_admission_unavailable_when_redis_is_down(limits):
 
 
 def metrics_text() -> str:
-    from observability.collector import exposition
-
     return exposition().decode()

@@ -11,7 +11,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audits import admission
+from audits import admission, submission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.errors import ServiceUnavailable
 from audits.api.serializers import (
@@ -76,10 +76,10 @@ class AuditCollectionView(APIView):
         },
     )
     def post(self, request):
-        submission = AuditSubmissionSerializer(data=request.data)
-        submission.is_valid(raise_exception=True)
+        submitted = AuditSubmissionSerializer(data=request.data)
+        submitted.is_valid(raise_exception=True)
         admit(request)
-        data = submission.validated_data
+        data = submitted.validated_data
         audit = submission.submit_audit(
             data["url"],
             callback_url=data.get("callback_url", ""),
