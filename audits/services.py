@@ -16,10 +16,11 @@ from redis.exceptions import RedisError
 
 from audits import backlog
 from audits.analysis import audit_result
-from audits.fetch import PermanentFetchError, fetch_page
 from audits.linkcheck import start_link_checks
 from audits.models import Audit, Page
-from audits.targets import NormalizedURL
+from jobs.errors import Permanent
+from outbound.integrations.page import fetch_page
+from outbound.urls import NormalizedURL
 from webhooks.deliver import schedule_delivery
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def _run_attempt(audit: Audit) -> None:
             user_agent=settings.AUDIT_USER_AGENT,
             allow_private=settings.AUDIT_ALLOW_PRIVATE_TARGETS,
         )
-    except PermanentFetchError as exc:
+    except Permanent as exc:
         finish_audit(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return
     result = audit_result(fetched)

@@ -7,10 +7,9 @@ from celery import shared_task
 from django.conf import settings
 
 from audits import backlog, linkcheck, services
-from audits.fetch import TransientFetchError
 from audits.models import Audit
+from jobs.errors import RateLimited, Transient
 from ratelimit import parking
-from ratelimit.admission import RateLimited
 from ratelimit.deadletters import CannotReplay, MalformedTaskMessage
 from ratelimit.retry import DATABASE_UNAVAILABLE, PlumbTask, defer, deferrals
 
@@ -28,7 +27,7 @@ AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
 class AuditTask(PlumbTask):
     max_attempts_setting = "AUDIT_MAX_ATTEMPTS"
     # Only the page's own failures count against its host's breaker (not a database outage).
-    downstream_failures = (TransientFetchError,)
+    downstream_failures = (Transient,)
 
     def downstream_host(self, args, kwargs):
         audit_id = args[0] if args else kwargs.get("audit_id")
@@ -82,7 +81,7 @@ class AuditTask(PlumbTask):
     base=AuditTask,
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
-    autoretry_for=(TransientFetchError, *DATABASE_UNAVAILABLE),
+    autoretry_for=(Transient, *DATABASE_UNAVAILABLE),
     soft_time_limit=AUDIT_SOFT_TIME_LIMIT_SECONDS,
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
@@ -91,7 +90,7 @@ def run_audit(self, audit_id: str) -> None:
         services.execute_audit(audit_id)
     except RateLimited as exc:
         if deferrals(self) >= MAX_AUDIT_DEFERRALS:
-            raise TransientFetchError(str(exc), retry_after=exc.retry_after) from exc
+            raise Transient(str(exc), retry_after=exc.retry_after) from exc
         services.mark_deferred(audit_id, error=f"rate limited: {exc}")
         defer(self, exc.retry_at, str(exc), key=exc.key, resource=exc.resource)
 
@@ -109,7 +108,7 @@ class LinkCheckTask(PlumbTask):
     base=LinkCheckTask,
     name="audits.check_link",
     queue=settings.AUDIT_QUEUE,
-    autoretry_for=(linkcheck.TransientLinkError,),
+    autoretry_for=(Transient,),
     # The check itself is bounded by the fetch timeout; inline rate-limit waits are
     # bounded by RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most.
     soft_time_limit=settings.AUDIT_FETCH_TIMEOUT_SECONDS

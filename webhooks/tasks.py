@@ -10,9 +10,10 @@ from django.conf import settings
 from django.db import OperationalError
 from django.utils import timezone
 
+from jobs.errors import RateLimited, Transient
 from ratelimit.retry import Deferred, PlumbTask, backoff_delay
 from webhooks import deliver, schedule
-from webhooks.deliver import MalformedDeliveryMessage, Outcome, TransientDeliveryError
+from webhooks.deliver import MalformedDeliveryMessage
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class WebhookTask(PlumbTask):
     backoff_max_setting = "WEBHOOK_BACKOFF_MAX_SECONDS"
     backoff_jitter_setting = "WEBHOOK_BACKOFF_JITTER"
     # A receiver's own failures count against its host's breaker (not a pool timeout).
-    downstream_failures = (TransientDeliveryError,)
+    downstream_failures = (Transient,)
 
     def downstream_host(self, args, kwargs):
         """The destination host: while it is failing, its deliveries are parked, not tried."""
@@ -94,11 +95,13 @@ class WebhookTask(PlumbTask):
     name="webhooks.deliver",
     queue=settings.WEBHOOK_QUEUE,
     # Database trouble (a pool timeout) is as transient as a receiver's 503.
-    autoretry_for=(TransientDeliveryError, OperationalError),
+    autoretry_for=(Transient, OperationalError),
 )
 def deliver_webhook(self, *args, **kwargs) -> None:
     delivery_id, deferrals = deliver.parse_message(args, kwargs)
-    if deliver.run_delivery(delivery_id) is Outcome.HOST_BUSY:
+    try:
+        deliver.run_delivery(delivery_id)
+    except RateLimited:
         delay = self.defer(delivery_id, deferrals)
         log.info(
             "webhook.deferred",
@@ -106,7 +109,7 @@ def deliver_webhook(self, *args, **kwargs) -> None:
         )
         # Neither a completion nor a verdict on the destination: the copy sent for later is
         # the delivery now.
-        raise Deferred("destination host busy")
+        raise Deferred("destination host busy") from None
 
 
 # --- The webhooks worker's own machinery ---------------------------------------------
