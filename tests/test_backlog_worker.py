@@ -10,8 +10,8 @@ from django.conf import settings
 from audits import services
 from audits.backlog import BacklogSnapshot, backlog_snapshot
 from audits.models import Audit
-from audits.targets import normalize_url
 from audits.tasks import run_audit
+from outbound.urls import normalize_url
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow

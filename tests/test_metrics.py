@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audits.backlog import note_started
 from config.celery_app import queue_list_keys
+from jobs.errors import Transient
 from observability import metrics
 from observability.collector import exposition
 from observability.gauges import queue_snapshot
@@ -155,10 +156,8 @@ def test_gauges_are_read_when_scraped(redis_client):
 
 
 def test_a_429_is_a_rate_limited_retry_and_an_exception_can_name_its_reason():
-    from audits.fetch import TransientFetchError
-
-    assert retry_reason(TransientFetchError("x", status_code=429)) == "rate_limited"
-    assert retry_reason(TransientFetchError("x", status_code=503)) == "error"
+    assert retry_reason(Transient("x", status_code=429)) == "rate_limited"
+    assert retry_reason(Transient("x", status_code=503)) == "error"
 
     class Parked(Exception):
         retry_reason = "breaker_parked"

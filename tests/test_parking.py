@@ -7,7 +7,7 @@ from django.conf import settings
 
 from audits import services
 from audits.models import Audit
-from audits.targets import normalize_url
+from outbound.urls import normalize_url
 from ratelimit import counters, parking
 from ratelimit.breakers import FAILURE, Breaker
 from ratelimit.models import CircuitBreaker, DeadLetter

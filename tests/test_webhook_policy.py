@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from outbound.integrations.webhook import validate_secret
 from ratelimit.retry import JITTER_HIGH, JITTER_LOW
-from webhooks import hostslots
 from webhooks import schedule as delayed
-from webhooks.deliver import MalformedDeliveryMessage, parse_message, validate_secret
+from webhooks.deliver import MalformedDeliveryMessage, parse_message
 from webhooks.tasks import deliver_webhook
 
 
@@ -50,19 +50,6 @@ def test_the_naive_baseline_doubles_exactly(webhook_backoff):
 def test_a_receivers_retry_after_wins_over_the_backoff(webhook_backoff):
     waits = [deliver_webhook.retry_delay(1, retry_after=120.0) for _ in range(200)]
     assert min(waits) >= 120.0 and max(waits) <= 132.0
-
-
-def test_a_host_has_at_most_its_slots_and_a_dead_holders_slot_frees_itself(redis_client):
-    held = [hostslots.try_acquire("hooks.example.org", limit=2, ttl=1.0) for _ in range(2)]
-    assert all(held)
-    assert hostslots.try_acquire("hooks.example.org", limit=2, ttl=1.0) is None
-    assert hostslots.try_acquire("other.example.org", limit=2, ttl=1.0)  # hosts are separate
-    hostslots.release("hooks.example.org", held[0])
-    assert hostslots.try_acquire("hooks.example.org", limit=2, ttl=1.0)
-    # Nobody releases these (their worker was killed): they expire.
-    time.sleep(1.2)
-    assert hostslots.try_acquire("hooks.example.org", limit=2, ttl=1.0)
-    assert hostslots.try_acquire("hooks.example.org", limit=2, ttl=1.0)
 
 
 def test_a_delayed_publish_waits_in_redis_until_due(redis_client, settings):

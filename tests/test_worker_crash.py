@@ -12,8 +12,8 @@ import pytest
 from audits import services
 from audits.models import Audit, Page
 from audits.reconcile import requeue_stuck_audits
-from audits.targets import normalize_url
 from audits.tasks import run_audit
+from outbound.urls import normalize_url
 from ratelimit.models import DeadLetter
 from tests.test_metrics import scrape
 from tests.workers import wait_for
