@@ -109,7 +109,7 @@ def serial_slots() -> SlotLimit:
     )
 
 
-def unexpected(what: str, response: httpx.Response) -> Permanent | Transient:
+def _unexpected(what: str, response: httpx.Response) -> Permanent | Transient:
     """The error for an answer other than the one expected, by the one status classification."""
     status = response.status_code
     message = f"{what} answered {status}"
@@ -122,7 +122,7 @@ def unexpected(what: str, response: httpx.Response) -> Permanent | Transient:
     )
 
 
-def json_body(what: str, response: httpx.Response) -> dict:
+def _parsed_body(what: str, response: httpx.Response) -> dict:
     try:
         body = response.json()
     except ValueError as exc:
@@ -132,7 +132,7 @@ def json_body(what: str, response: httpx.Response) -> dict:
     return body
 
 
-def send(outbound: OutboundClient, request: httpx.Request, *, key: str, resource: str):
+def _send(outbound: OutboundClient, request: httpx.Request, *, key: str, resource: str):
     """One call through the sender; what httpx and the guard raise becomes jobs.errors."""
     try:
         return outbound.send(request, key=key, resource=resource)
@@ -199,12 +199,12 @@ class InstallationTokens:
             },
         )
         # The App JWT spends the App's own bucket, never the installation's.
-        response = send(
+        response = _send(
             self.outbound, request, key=github_app_key(credentials.app_id), resource=REST_RESOURCE
         )
         if response.status_code != 201:
-            raise unexpected("minting an installation token", response)
-        body = json_body("minting an installation token", response)
+            raise _unexpected("minting an installation token", response)
+        body = _parsed_body("minting an installation token", response)
         expires_at = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
         redis_client().set(
             self.cache_key,
@@ -269,14 +269,14 @@ class GitHubClient:
                     "X-GitHub-Api-Version": API_VERSION,
                 },
             )
-            response = send(
+            response = _send(
                 self.outbound, request, key=self.credentials.admission_key, resource=resource
             )
             if response.status_code == 401 and self.tokens is not None and attempt == 0:
                 token = self._token(refused=token)
                 continue
             if classify_status(response.status_code).retryable:
-                raise unexpected(f"{method} {path}", response)
+                raise _unexpected(f"{method} {path}", response)
             return response
         return response
 
@@ -304,8 +304,8 @@ class GitHubClient:
         if response.status_code in {301, 302, 307, 308}:
             return RepositoryStatus(exists=True, full_name=f"{owner}/{name}", moved=True)
         if response.status_code != 200:
-            raise unexpected(f"GET /repos/{owner}/{name}", response)
-        body = json_body(f"GET /repos/{owner}/{name}", response)
+            raise _unexpected(f"GET /repos/{owner}/{name}", response)
+        body = _parsed_body(f"GET /repos/{owner}/{name}", response)
         full_name = body.get("full_name", "")
         return RepositoryStatus(
             exists=True,
@@ -323,8 +323,8 @@ class GitHubClient:
             json_body={"query": REPOSITORY_QUERY, "variables": {"owner": owner, "name": name}},
         )
         if response.status_code != 200:
-            raise unexpected("POST /graphql", response)
-        body = json_body("POST /graphql", response)
+            raise _unexpected("POST /graphql", response)
+        body = _parsed_body("POST /graphql", response)
         repository = (body.get("data") or {}).get("repository")
         if repository is None:
             types = {e.get("type") for e in body.get("errors") or [] if isinstance(e, dict)}
