@@ -6,7 +6,7 @@ from urllib.parse import urljoin, urlsplit
 
 from bs4 import BeautifulSoup
 
-from audits.fetch import FetchedPage
+from outbound.integrations.page import FetchedPage
 
 HTML_CONTENT_TYPES = {"text/html", "application/xhtml+xml"}
 SKIPPED_LINK_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "#")

@@ -7,175 +7,26 @@ none left finishes the audit (once, `finish_audit` is conditional too). A
 periodic sweep finishes audits whose AUDIT_LINKCHECK_DEADLINE_SECONDS has passed,
 reporting the checks that had not finished (rate-limited ones with their retry time).
 
-Links to GitHub repositories are checked through the API when credentials are
-configured (exists? archived?), otherwise like any other link. Every call goes
-through `ratelimit.client.OutboundClient`: admission first, observations after,
-per-host politeness across workers.
+Each check calls `outbound.integrations.links` (the GET or GitHub's API, the
+per-host slots, admission); this module keeps the rows and the audit's join.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import socket
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import urljoin, urlsplit
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audits.fetch import MAX_REDIRECTS, REDIRECT_STATUSES, TRANSIENT_STATUSES, build_client
 from audits.models import Audit, LinkCheck
-from audits.targets import InvalidURL, TargetNotAllowed, normalize_url
-from jobs.errors import Transient
-from ratelimit.client import OutboundClient
-from ratelimit.github import GitHubClient, GitHubCredentials, GitHubError
-from ratelimit.headers import parse_retry_after
-from ratelimit.politeness import Politeness
+from outbound.integrations.github import GitHubClient, GitHubCredentials
+from outbound.integrations.links import LinkOutcome, check_url
 
 log = logging.getLogger(__name__)
-
-GITHUB_WEB_HOSTS = {"github.com", "www.github.com"}
-# github.com/<owner>/<repo>, optionally with a trailing slash or .git: a repository.
-GITHUB_REPOSITORY_PATH = re.compile(
-    r"^/([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?$"
-)
-# First path segments on github.com that are pages, not owners.
-GITHUB_RESERVED = {
-    "about", "apps", "collections", "customer-stories", "enterprise", "explore", "features",
-    "issues", "login", "marketplace", "new", "notifications", "orgs", "pricing", "pulls",
-    "readme", "search", "security", "settings", "site", "sponsors", "team", "topics", "trending",
-}  # fmt: skip
-
-
-class TransientLinkError(Transient):
-    """Worth checking again later: a timeout, a refused connection, a 5xx."""
-
-    def __init__(self, message: str, *, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class LinkOutcome:
-    status: str
-    status_code: int | None = None
-    final_url: str = ""
-    github: dict | None = None
-    detail: str = ""
-
-
-def github_repository(url: str) -> tuple[str, str] | None:
-    """(owner, name) when `url` is a GitHub repository's page."""
-    parts = urlsplit(url)
-    if (parts.hostname or "").lower() not in GITHUB_WEB_HOSTS or parts.query:
-        return None
-    match = GITHUB_REPOSITORY_PATH.match(parts.path)
-    if not match or match.group(1).lower() in GITHUB_RESERVED:
-        return None
-    return match.group(1), match.group(2)
-
-
-def check_url(url: str, *, github: GitHubClient | None = None) -> LinkOutcome:
-    """Check one link. Raises RateLimited (defer) or TransientLinkError (retry)."""
-    repository = github_repository(url) if github is not None else None
-    if repository is not None:
-        return check_github_repository(github, *repository)
-    return check_http(url)
-
-
-def check_github_repository(github: GitHubClient, owner: str, name: str) -> LinkOutcome:
-    try:
-        repository = github.repository(owner, name)
-    except GitHubError as exc:
-        raise TransientLinkError(str(exc)) from exc
-    except httpx.TransportError as exc:
-        raise TransientLinkError(f"GitHub API: {exc.__class__.__name__}: {exc}") from exc
-    facts = {
-        "repository": repository.full_name or f"{owner}/{name}",
-        "missing": not repository.exists,
-        "archived": repository.archived,
-        "via": repository.via,
-    }
-    if not repository.exists:
-        return LinkOutcome(LinkCheck.Status.BROKEN, github=facts, detail="repository not found")
-    if repository.moved:
-        return LinkOutcome(LinkCheck.Status.REDIRECTED, final_url=repository.url, github=facts)
-    return LinkOutcome(LinkCheck.Status.OK, github=facts)
-
-
-def _does_not_resolve(exc: BaseException) -> bool:
-    """A name that does not exist, as opposed to a resolver that failed for now."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, socket.gaierror):
-            return seen.errno in {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", -5)}
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def check_http(url: str) -> LinkOutcome:
-    """GET the link (no body read), following up to five redirects, host by host politely."""
-    timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
-    deadline = time.monotonic() + timeout
-    current = url
-    hops = 0
-    with build_client(
-        timeout=timeout,
-        user_agent=settings.AUDIT_USER_AGENT,
-        allow_private=settings.AUDIT_ALLOW_PRIVATE_TARGETS,
-    ) as http:
-        outbound = OutboundClient(http, politeness=Politeness.for_link_checks())
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TransientLinkError(f"timed out after {timeout:g}s checking {current}")
-            request = http.build_request("GET", current, timeout=httpx.Timeout(remaining))
-            try:
-                response = outbound.send(request, stream=True, deadline=deadline)
-            except TargetNotAllowed as exc:
-                return LinkOutcome(LinkCheck.Status.SKIPPED, detail=f"not checked: {exc}")
-            except httpx.TimeoutException as exc:
-                raise TransientLinkError(f"timed out checking {current}") from exc
-            except httpx.TransportError as exc:
-                if _does_not_resolve(exc):
-                    return LinkOutcome(
-                        LinkCheck.Status.BROKEN, final_url=current, detail="host does not resolve"
-                    )
-                raise TransientLinkError(f"could not check {current}: {exc}") from exc
-            try:
-                status = response.status_code
-                if status in REDIRECT_STATUSES and "location" in response.headers:
-                    hops += 1
-                    if hops > MAX_REDIRECTS:
-                        return LinkOutcome(
-                            LinkCheck.Status.BROKEN, status, current, detail="too many redirects"
-                        )
-                    try:
-                        current = normalize_url(urljoin(current, response.headers["location"])).url
-                    except InvalidURL as exc:
-                        return LinkOutcome(
-                            LinkCheck.Status.BROKEN, status, current, detail=str(exc)
-                        )
-                    continue
-                if status in TRANSIENT_STATUSES:
-                    raise TransientLinkError(
-                        f"{current} answered {status}",
-                        retry_after=parse_retry_after(response.headers.get("retry-after")),
-                    )
-            finally:
-                response.close()
-            if status >= 400:
-                return LinkOutcome(LinkCheck.Status.BROKEN, status, current)
-            if hops:
-                return LinkOutcome(LinkCheck.Status.REDIRECTED, status, current)
-            return LinkOutcome(LinkCheck.Status.OK, status, current)
-
 
 # --- The audit's side --------------------------------------------------------
 
@@ -233,7 +84,7 @@ def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedChec
 
 
 def run_link_check(link_check_id: int) -> LinkCheck | None:
-    """One attempt at one link; RateLimited and TransientLinkError propagate to the task."""
+    """One attempt at one link; RateLimited and Transient propagate to the task."""
     check = LinkCheck.objects.select_related("audit").filter(id=link_check_id).first()
     if check is None or check.is_finished:
         return None

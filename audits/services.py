@@ -17,10 +17,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from audits.analysis import audit_result
-from audits.fetch import fetch_page
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import Audit
 from jobs.errors import Permanent
+from outbound.integrations.page import fetch_page
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from audits.models import Audit, Page
-from audits.targets import NormalizedURL
 from audits.tasks import enqueue_audit
+from outbound.urls import NormalizedURL
 
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = None) -> Page:

@@ -2,28 +2,33 @@
 
 Admission reads the newest observation of exactly the bucket the call will
 spend (admission key and resource), so a row about another bucket (the App
-JWT's, graphql's) can neither clear nor extend this one's backoff. A short
-wait is slept inline on a jittered ladder; a longer one (over
-RATELIMIT_INLINE_MAX_WAIT_SECONDS) is raised as `RateLimited`, which tasks hand
-to `ratelimit.retry.defer`: a delayed retry at T plus jitter that does not
+JWT's, graphql's) can neither clear nor extend this one's backoff. The outbound
+sender (`outbound.client.OutboundClient`) sleeps a short wait inline, spaced by
+INLINE_WAITS through the one delay function (`jobs.policy.delay`); a longer one
+(over RATELIMIT_INLINE_MAX_WAIT_SECONDS) it raises as `jobs.errors.RateLimited`,
+which the job runtime turns into a deferral at T plus jitter that does not
 consume an attempt.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 
-from jobs.errors import RateLimited  # noqa: F401 (interim, until the outbound merge)
+from jobs.policy import RetryPolicy
 from ratelimit.observations import SECONDARY_RESOURCE, latest
 
-# The inline ladder: 0.5 s, 1 s, 2 s, ... each scaled by a factor in [0.5, 1.5],
-# so callers that hit the same limit together do not come back together.
-INLINE_LADDER_BASE_SECONDS = 0.5
-INLINE_JITTER_LOW, INLINE_JITTER_HIGH = 0.5, 1.5
 # Inline retries of one call before it is handed to the queue instead.
 MAX_INLINE_RETRIES = 3
+INLINE_WAIT_BASE_SECONDS = 0.5
+# Inline waits: 0.5 s, 1 s, 2 s, 4 s, jittered, so callers that hit the same limit
+# together do not come back together; a wait somebody named is slept in full plus jitter.
+INLINE_WAITS = RetryPolicy(
+    max_attempts=lambda: MAX_INLINE_RETRIES + 1,
+    backoff_base=lambda: INLINE_WAIT_BASE_SECONDS,
+    backoff_max=lambda: INLINE_WAIT_BASE_SECONDS * 2**MAX_INLINE_RETRIES,
+    counts_as_job=False,
+)
 
 
 @dataclass(frozen=True)
@@ -59,18 +64,3 @@ def admit(key: str, resource: str, *, now: float | None = None) -> Admission:
         if observation is not None and (until := observation.wait_until(now)) is not None:
             waits.append(until)
     return Admission(key=key, resource=resource, until=max(waits) if waits else None)
-
-
-def inline_delay(step: int, *, at_least: float = 0.0, rng: random.Random | None = None) -> float:
-    """Seconds to sleep before inline retry number `step` (0 for the first).
-
-    Never less than `at_least` (a Retry-After or a reset is obeyed in full); the
-    jitter is added on top of it, never taken off.
-    """
-    rng = rng or random
-    rung = (
-        INLINE_LADDER_BASE_SECONDS * (2**step) * rng.uniform(INLINE_JITTER_LOW, INLINE_JITTER_HIGH)
-    )
-    if at_least <= 0:
-        return rung
-    return at_least + rng.uniform(0, rung)

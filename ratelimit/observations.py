@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import redis
 from django.db import models
 
-from config.redis import redis_client
+from config.redis import lua, redis_client
 from ratelimit.headers import LimitHeaders
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,8 @@ FIELDS = ("observed_at", "kind", "status_code", "limit", "remaining", "used", "r
 # a response that was already in flight when the bucket ran dry:
 # - a block (Retry-After, secondary limit) stands until it lapses, whatever comes after;
 # - within one window (the same reset time) `remaining` only goes down.
-MERGE_SCRIPT = """
+MERGE = lua(
+    """
 local key = KEYS[1]
 local observed = tonumber(ARGV[1])
 local remaining, reset_at, blocked = ARGV[5], ARGV[7], ARGV[8]
@@ -209,6 +210,7 @@ redis.call('HSET', key, 'observed_at', ARGV[1], 'kind', ARGV[2], 'status_code', 
 redis.call('EXPIRE', key, tonumber(ARGV[9]))
 return 1
 """
+)
 
 
 def _text(value) -> str:
@@ -225,19 +227,20 @@ def _hot_ttl(observation: Observation, now: float) -> int:
 def remember(observation: Observation, *, client: redis.Redis | None = None) -> None:
     """Merge an observation into the hot store (Redis only)."""
     client = client or redis_client()
-    client.eval(
-        MERGE_SCRIPT,
-        1,
-        hot_key(observation.key, observation.resource),
-        _text(observation.observed_at),
-        observation.kind,
-        _text(observation.status_code),
-        _text(observation.limit),
-        _text(observation.remaining),
-        _text(observation.used),
-        _text(observation.reset_at),
-        _text(observation.blocked_until),
-        _hot_ttl(observation, time.time()),
+    MERGE(
+        keys=[hot_key(observation.key, observation.resource)],
+        args=[
+            _text(observation.observed_at),
+            observation.kind,
+            _text(observation.status_code),
+            _text(observation.limit),
+            _text(observation.remaining),
+            _text(observation.used),
+            _text(observation.reset_at),
+            _text(observation.blocked_until),
+            _hot_ttl(observation, time.time()),
+        ],
+        client=client,
     )
 
 

@@ -14,12 +14,12 @@ from django.conf import settings
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
 from audits.tasks import run_audit
 from jobs import delayed
 from jobs.backlog import BacklogSnapshot
 from jobs.backlog import backlog_snapshot as queue_snapshot
 from jobs.breakers import FAILURE, Breaker
+from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
 from tests.workers import wait_for
 

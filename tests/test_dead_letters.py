@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
 from config.celery_app import app
 from jobs.management.commands.replay_dead_letters import parse_since
 from jobs.models import DeadLetter
+from outbound.urls import normalize_url
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -49,8 +49,8 @@ def test_an_audit_out_of_attempts_is_dead_lettered_and_fails_with_the_reason(sit
     assert dead.args == [str(audit.id)] and dead.kwargs == {}
     assert dead.reason == DeadLetter.Reason.ATTEMPTS_EXHAUSTED
     assert dead.attempts == 3
-    assert dead.exception.startswith("TransientFetchError: ")
-    assert "Traceback" in dead.traceback and "TransientFetchError" in dead.traceback
+    assert dead.exception.startswith("Transient: ")
+    assert "Traceback" in dead.traceback and "Transient" in dead.traceback
     # The first failure travels with the retries: two backoffs lie between them.
     assert dead.last_failed_at - dead.first_failed_at >= timedelta(seconds=0.2)
     assert dead.replayed_at is None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from audits import linkcheck, services, submission
-from audits.fetch import TransientFetchError
 from audits.models import Audit
-from audits.targets import normalize_url
+from jobs.errors import RateLimited, Transient
+from outbound.client import admission_key_for_url
+from outbound.urls import normalize_url
+from ratelimit.observations import Kind, Observation, record
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +39,7 @@ def test_a_finished_audit_stores_its_result(site, redis_client):
 
 def test_a_transient_error_leaves_the_audit_for_the_retry(site):
     audit = make_audit(f"{site.base_url}/flaky?key=direct&fail=5")
-    with pytest.raises(TransientFetchError):
+    with pytest.raises(Transient, match="answered 500"):
         services.execute_audit(str(audit.id))
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RUNNING
@@ -71,12 +75,6 @@ def test_an_unknown_or_malformed_audit_id_is_skipped():
 def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given_back(
     site, redis_client
 ):
-    import time
-
-    from jobs.errors import RateLimited
-    from ratelimit.client import admission_key_for_url
-    from ratelimit.observations import Kind, Observation, record
-
     now = time.time()
     key = admission_key_for_url(site.base_url)
     record(Observation(key, "default", now, Kind.SECONDARY, 429, blocked_until=now + 120))

@@ -7,9 +7,10 @@ import time
 import pytest
 
 from audits.analysis import audit_result
-from audits.fetch import PermanentFetchError, TransientFetchError, fetch_page
-from audits.targets import InvalidURL, normalize_url
-from jobs.errors import RateLimited
+from jobs.errors import Permanent, RateLimited, Transient
+from outbound.client import build_client
+from outbound.integrations.page import fetch_page
+from outbound.urls import InvalidURL, normalize_url
 
 # Every fetch asks admission about its host; a host never seen is looked up in the database.
 pytestmark = pytest.mark.django_db
@@ -78,21 +79,21 @@ def test_a_huge_page_is_truncated_at_the_cap(site):
 
 def test_a_slow_page_times_out_as_a_transient_error(site):
     started = time.monotonic()
-    with pytest.raises(TransientFetchError, match="timed out"):
+    with pytest.raises(Transient, match="timed out"):
         fetch(f"{site.base_url}/slow?delay=3", timeout=0.5)
     assert time.monotonic() - started < 2
 
 
 def test_a_body_without_end_ends_within_the_timeout(site):
     started = time.monotonic()
-    with pytest.raises(TransientFetchError, match="timed out"):
+    with pytest.raises(Transient, match="timed out"):
         fetch(f"{site.base_url}/trickle", timeout=1.5, max_bytes=10 * 1024 * 1024)
     assert time.monotonic() - started < 3
 
 
 def test_a_500_is_transient_and_the_page_recovers(site):
     url = f"{site.base_url}/flaky?key=recover&fail=1"
-    with pytest.raises(TransientFetchError) as failure:
+    with pytest.raises(Transient) as failure:
         fetch(url)
     assert failure.value.status_code == 500
     assert fetch(url).status_code == 200
@@ -100,7 +101,7 @@ def test_a_500_is_transient_and_the_page_recovers(site):
 
 def test_a_retry_after_on_a_503_is_kept_and_holds_the_host(site):
     # The parser itself is tested in test_retry.
-    with pytest.raises(TransientFetchError) as failure:
+    with pytest.raises(Transient) as failure:
         fetch(f"{site.base_url}/busy?key=ra&fail=1&retry_after=120")
     assert failure.value.status_code == 503
     assert failure.value.retry_after == 120
@@ -111,29 +112,27 @@ def test_a_retry_after_on_a_503_is_kept_and_holds_the_host(site):
 
 
 def test_a_500_without_retry_after_leaves_the_delay_to_the_policy(site):
-    with pytest.raises(TransientFetchError) as failure:
+    with pytest.raises(Transient) as failure:
         fetch(f"{site.base_url}/flaky?key=no-ra&fail=1")
     assert failure.value.retry_after is None
 
 
 def test_a_redirect_loop_fails_for_good(site):
-    with pytest.raises(PermanentFetchError, match="more than 5 redirects"):
+    with pytest.raises(Permanent, match="more than 5 redirects"):
         fetch(f"{site.base_url}/loop")
 
 
 def test_a_refused_connection_is_transient():
-    with pytest.raises(TransientFetchError):
+    with pytest.raises(Transient, match="could not fetch"):
         fetch("http://127.0.0.1:9/")
 
 
 def test_private_targets_are_refused_unless_allowed(site):
-    with pytest.raises(PermanentFetchError, match="loopback"):
+    with pytest.raises(Permanent, match="loopback"):
         fetch(f"{site.base_url}/", allow_private=False)
 
 
 def test_it_sends_a_user_agent_naming_plumb(site, settings):
-    from audits.fetch import build_client
-
     client = build_client(timeout=1, user_agent=settings.AUDIT_USER_AGENT, allow_private=True)
     assert client.headers["user-agent"].startswith("Plumb/")
 

@@ -16,10 +16,11 @@ import pytest
 
 from audits import submission
 from audits.models import Audit, LinkCheck
-from audits.targets import normalize_url
+from jobs.errors import RateLimited
+from outbound.integrations.github import GitHubClient, GitHubCredentials
+from outbound.urls import normalize_url
 from ratelimit import deferred as parking
-from ratelimit.admission import RateLimited, admit
-from ratelimit.github import GitHubClient, GitHubCredentials
+from ratelimit.admission import admit
 from ratelimit.observations import (
     RateLimitObservation,
     github_app_key,

@@ -8,9 +8,11 @@ import pytest
 from django.utils import timezone
 
 from audits import linkcheck, submission
-from audits.linkcheck import check_http, github_repository
 from audits.models import Audit, LinkCheck
-from audits.targets import normalize_url
+from outbound.integrations import links
+from outbound.integrations.github import GitHubCredentials
+from outbound.integrations.links import check_http, github_repository
+from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
 from tests.workers import wait_for
 
@@ -46,7 +48,7 @@ def test_links_are_reported_ok_redirected_broken_or_skipped(site, settings, redi
 
 def test_without_github_credentials_a_repository_link_is_a_plain_link(settings):
     settings.GITHUB_TOKEN = ""
-    assert linkcheck.GitHubCredentials.from_settings() is None
+    assert GitHubCredentials.from_settings() is None
 
 
 def checking_audit(site, links: list[str], *, cap: int = 100, settings=None) -> Audit:
@@ -127,3 +129,11 @@ def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
     finally:
         for server in (page, fast, slow):
             server.stop()
+
+
+def test_link_outcomes_are_the_link_check_statuses():
+    # outbound does not import audits: its plain strings must be the model's values.
+    assert {links.OK, links.REDIRECTED, links.BROKEN, links.SKIPPED} <= set(LinkCheck.Status.values)
+    assert links.OK == LinkCheck.Status.OK and links.BROKEN == LinkCheck.Status.BROKEN
+    assert links.REDIRECTED == LinkCheck.Status.REDIRECTED
+    assert links.SKIPPED == LinkCheck.Status.SKIPPED

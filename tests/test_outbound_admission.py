@@ -11,9 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from jobs.errors import RateLimited
+from jobs.policy import RETRY, delay
+from outbound.client import OutboundClient
 from ratelimit import deferred as parking
-from ratelimit.admission import RateLimited, admit, inline_delay
-from ratelimit.client import OutboundClient, classify
+from ratelimit.admission import INLINE_WAITS, admit
 from ratelimit.headers import parse_limit_headers, parse_retry_after
 from ratelimit.observations import (
     Kind,
@@ -26,6 +28,7 @@ from ratelimit.observations import (
     record,
     remember,
 )
+from ratelimit.responses import classify
 
 pytestmark = pytest.mark.django_db
 
@@ -251,13 +254,19 @@ def test_a_short_retry_after_is_slept_in_full_plus_jitter_then_retried(scripted)
     assert len(sleeps) == 1 and sleeps[0] >= 0.9  # the whole Retry-After, never less
 
 
+def inline_wait(step: int, *, at_least: float = 0.0, rng: random.Random) -> float:
+    """The sender's inline wait number `step` (0 for the first), as it asks for it."""
+    after = at_least if at_least > 0 else None
+    return delay(INLINE_WAITS, RETRY, step=step + 1, after=after, rng=rng)
+
+
 def test_inline_waits_climb_a_jittered_ladder():
     rng = random.Random(7)
-    first = [inline_delay(0, rng=rng) for _ in range(50)]
+    first = [inline_wait(0, rng=rng) for _ in range(50)]
     assert len(set(first)) == 50  # never a fixed step
     assert all(0.25 <= d <= 0.75 for d in first)
-    assert all(1.0 <= inline_delay(2, rng=rng) <= 3.0 for _ in range(50))
-    assert all(inline_delay(0, at_least=2.0, rng=rng) >= 2.0 for _ in range(50))
+    assert all(1.0 <= inline_wait(2, rng=rng) <= 3.0 for _ in range(50))
+    assert all(inline_wait(0, at_least=2.0, rng=rng) >= 2.0 for _ in range(50))
 
 
 # --- Waking parked work -------------------------------------------------------------

@@ -7,10 +7,10 @@ from django.conf import settings
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
+from jobs import delayed
 from jobs.breakers import FAILURE, Breaker
 from jobs.models import CircuitBreaker, DeadLetter
-from jobs import delayed
+from outbound.urls import normalize_url
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 

@@ -8,9 +8,9 @@ import pytest
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
 from observability.collector import exposition
 from observability.series import stats
+from outbound.urls import normalize_url
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 

@@ -10,7 +10,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from audits import submission
-from audits.targets import normalize_url
+from outbound.integrations.webhook import signed_headers
+from outbound.urls import normalize_url
 from ratelimit import counters
 from tests.webhook_helpers import (
     FAST_RETRIES,
@@ -20,7 +21,6 @@ from tests.webhook_helpers import (
     start_webhooks_worker,
 )
 from tests.workers import wait_for
-from webhooks.deliver import signed_headers
 from webhooks.models import Delivery
 from webhooks.receiver import Receiver
 

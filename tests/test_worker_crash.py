@@ -12,9 +12,9 @@ import pytest
 from audits import submission
 from audits.models import Audit, Page
 from audits.reconcile import requeue_stuck_audits
-from audits.targets import normalize_url
 from audits.tasks import run_audit
 from jobs.models import DeadLetter
+from outbound.urls import normalize_url
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 

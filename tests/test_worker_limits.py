@@ -9,7 +9,7 @@ from django.db import connection
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
+from outbound.urls import normalize_url
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from django.db import OperationalError, transaction
 from django.dispatch import receiver
 
 from audits.signals import audit_finished
-from jobs.errors import MalformedTaskMessage, RateLimited
+from jobs.errors import MalformedTaskMessage
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 from webhooks import deliver
@@ -69,12 +69,8 @@ class WebhookTask(PlumbTask):
 
 @shared_task(base=WebhookTask, bind=True, name="webhooks.deliver", queue=settings.WEBHOOK_QUEUE)
 def deliver_webhook(self, delivery_id: str) -> None:
-    delivery_id = deliver.parse_delivery_id(delivery_id)
-    if deliver.run_delivery(delivery_id) is deliver.Outcome.HOST_BUSY:
-        url = deliver.pending_url(delivery_id) or ""
-        raise RateLimited(
-            f"host:{httpx.URL(url).host}", "slots", None, reason="every delivery slot is busy"
-        )
+    # A destination whose slots are all busy raises RateLimited: the runtime defers it.
+    deliver.run_delivery(deliver.parse_delivery_id(delivery_id))
 
 
 # --- Publishing --------------------------------------------------------------------

@@ -4,7 +4,8 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from audits.models import Audit
-from audits.targets import InvalidURL, NormalizedURL, normalize_url
+from outbound.integrations.webhook import validate_secret
+from outbound.urls import InvalidURL, NormalizedURL, normalize_url
 
 
 class StrictSerializer(serializers.Serializer):
@@ -52,8 +53,6 @@ class AuditSubmissionSerializer(StrictSerializer):
             raise serializers.ValidationError(str(exc)) from None
 
     def validate_callback_secret(self, value: str) -> str:
-        from webhooks.deliver import validate_secret
-
         try:
             return validate_secret(value)
         except ValueError as exc:

@@ -13,8 +13,8 @@ from django.db import connection
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
 from config import devservices
+from outbound.urls import normalize_url
 from tests.faults.test_redis_restart import WebProcess
 from tests.workers import database_url_for_workers, wait_for
 

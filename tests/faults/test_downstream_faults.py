@@ -10,7 +10,7 @@ import pytest
 
 from audits import submission
 from audits.models import Audit
-from audits.targets import normalize_url
+from outbound.urls import normalize_url
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from django.utils import timezone
 from audits import submission
 from audits.models import Audit
 from audits.reconcile import requeue_stuck_audits
-from audits.targets import normalize_url
+from outbound.urls import normalize_url
 from tests.workers import wait_for
 
 

@@ -6,9 +6,11 @@ import ipaddress
 
 import pytest
 
-from audits import targets
+from audits import demo_site
 from audits.demo_site import DemoSite
-from audits.fetch import PermanentFetchError, fetch_page
+from jobs.errors import Permanent
+from outbound import guard
+from outbound.integrations.page import fetch_page
 
 # Every fetch reads its host's rate-limit observations, which fall back to the database.
 pytestmark = pytest.mark.django_db
@@ -26,16 +28,16 @@ def fetch(url: str, *, allow_private: bool):
      "fc00::1", "0.0.0.0", "100.64.0.1", "::ffff:127.0.0.1", "224.0.0.1"],
 )  # fmt: skip
 def test_private_loopback_link_local_and_metadata_addresses_are_not_public(address):
-    assert targets.is_public_address(address) is False
+    assert guard.is_public_address(address) is False
 
 
 @pytest.mark.parametrize("address", ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"])
 def test_public_addresses_are_public(address):
-    assert targets.is_public_address(address) is True
+    assert guard.is_public_address(address) is True
 
 
 def test_a_name_that_resolves_to_loopback_is_refused(site):
-    with pytest.raises(PermanentFetchError, match="localhost resolves to"):
+    with pytest.raises(Permanent, match="localhost resolves to"):
         fetch(site.base_url.replace("127.0.0.1", "localhost") + "/", allow_private=False)
 
 
@@ -46,18 +48,17 @@ def test_a_redirect_to_a_private_address_is_refused_at_that_hop(monkeypatch):
     try:
         # Pretend 127.0.0.1 is a public address and 127.0.0.2 the private one.
         monkeypatch.setattr(
-            targets,
+            guard,
             "is_public_address",
             lambda a: ipaddress.ip_address(a) == ipaddress.ip_address("127.0.0.1"),
         )
         redirecting = f"{outer.base_url}/out?to={inner.base_url}/"
-        from audits import demo_site
 
         def out(handler, query):
             handler._redirect(302, query["to"])
 
         monkeypatch.setitem(demo_site.ROUTES, "/out", out)
-        with pytest.raises(PermanentFetchError, match="127.0.0.2"):
+        with pytest.raises(Permanent, match="127.0.0.2"):
             fetch(redirecting, allow_private=False)
         assert outer.hits["/out"] == 1
         assert inner.hits["/"] == 0
@@ -70,7 +71,7 @@ def test_the_guard_connects_to_the_address_it_checked(monkeypatch, site):
     """A DNS answer that changes after the check cannot redirect the connection."""
     answers = iter([["127.0.0.1"], ["10.0.0.1"]])
     seen: list[str] = []
-    real_getaddrinfo = targets.socket.getaddrinfo
+    real_getaddrinfo = guard.socket.getaddrinfo
 
     def rebinding_getaddrinfo(host, port, *args, **kwargs):
         if host == "rebind.test":
@@ -79,8 +80,8 @@ def test_the_guard_connects_to_the_address_it_checked(monkeypatch, site):
             return [(2, 1, 6, "", (a, port)) for a in addresses]
         return real_getaddrinfo(host, port, *args, **kwargs)
 
-    monkeypatch.setattr(targets.socket, "getaddrinfo", rebinding_getaddrinfo)
-    monkeypatch.setattr(targets, "is_public_address", lambda a: a == "127.0.0.1")
+    monkeypatch.setattr(guard.socket, "getaddrinfo", rebinding_getaddrinfo)
+    monkeypatch.setattr(guard, "is_public_address", lambda a: a == "127.0.0.1")
     port = site.server_address[1]
     page = fetch(f"http://rebind.test:{port}/", allow_private=False)
     # One resolution, and the connection went to the vetted address.

@@ -12,12 +12,18 @@ backoff. Installation tokens are cached by installation id (not by the raw
 token) and minted single-flight across workers under a Redis lock; a refresh
 forced by a 401 names the token that was refused and joins a mint already in
 flight instead of starting another.
+
+Calls go through the one client factory (so the SSRF guard holds for GITHUB_API_URL
+too) and the one sender, one call at a time per credential. Failures raise
+`jobs.errors`: Transient for a 5xx, 408, 425 or a broken body, Permanent for any
+other 4xx (a plain 403, a refused App JWT), RateLimited when the buckets must wait.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,14 +34,17 @@ import jwt
 from django.conf import settings
 
 from config.redis import redis_client
-from jobs.errors import RateLimited, Transient
-from ratelimit.client import OutboundClient
+from jobs.errors import Permanent, RateLimited, Transient
+from outbound.client import OutboundClient, build_client
+from outbound.guard import TargetNotAllowed
+from outbound.hostslots import SlotLimit
+from outbound.statuses import Answer, classify_status
+from ratelimit.headers import parse_retry_after
 from ratelimit.observations import (
     github_app_key,
     github_installation_key,
     github_token_key,
 )
-from ratelimit.politeness import GITHUB_SERIAL
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +60,6 @@ query($owner: String!, $name: String!) {
   repository(owner: $owner, name: $name) { nameWithOwner url isArchived }
 }
 """
-
-
-class GitHubError(Transient):
-    """GitHub answered something a retry may fix (a 5xx, a broken body)."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,44 @@ def app_jwt(app_id: str, private_key: str, *, now: float | None = None) -> str:
     )
 
 
-def _client(http: httpx.Client | None = None) -> httpx.Client:
-    return http or httpx.Client(
-        timeout=httpx.Timeout(settings.AUDIT_FETCH_TIMEOUT_SECONDS),
-        headers={"User-Agent": settings.AUDIT_USER_AGENT},
-        follow_redirects=False,
+def serial_slots() -> SlotLimit:
+    """One call at a time per credential: GitHub's advice against secondary limits."""
+    return SlotLimit(
+        "github", concurrency=1, lease=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5, per_credential=True
     )
+
+
+def _unexpected(what: str, response: httpx.Response) -> Permanent | Transient:
+    """The error for an answer other than the one expected, by the one status classification."""
+    status = response.status_code
+    message = f"{what} answered {status}"
+    if classify_status(status) is Answer.PERMANENT:
+        return Permanent(message, status_code=status)
+    return Transient(
+        message,
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        status_code=status,
+    )
+
+
+def _parsed_body(what: str, response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise Transient(f"{what} answered a body that is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Transient(f"{what} answered JSON that is not an object")
+    return body
+
+
+def _send(outbound: OutboundClient, request: httpx.Request, *, key: str, resource: str):
+    """One call through the sender; what httpx and the guard raise becomes jobs.errors."""
+    try:
+        return outbound.send(request, key=key, resource=resource)
+    except TargetNotAllowed as exc:
+        raise Permanent(f"GitHub API: {exc}") from exc
+    except httpx.TransportError as exc:
+        raise Transient(f"GitHub API: {exc.__class__.__name__}: {exc}") from exc
 
 
 class InstallationTokens:
@@ -162,12 +199,12 @@ class InstallationTokens:
             },
         )
         # The App JWT spends the App's own bucket, never the installation's.
-        response = self.outbound.send(
-            request, key=github_app_key(credentials.app_id), resource=REST_RESOURCE
+        response = _send(
+            self.outbound, request, key=github_app_key(credentials.app_id), resource=REST_RESOURCE
         )
         if response.status_code != 201:
-            raise GitHubError(f"minting an installation token answered {response.status_code}")
-        body = response.json()
+            raise _unexpected("minting an installation token", response)
+        body = _parsed_body("minting an installation token", response)
         expires_at = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
         redis_client().set(
             self.cache_key,
@@ -198,10 +235,11 @@ class RepositoryStatus:
 class GitHubClient:
     """Calls the GitHub API with the configured credentials, one bucket per credential."""
 
-    def __init__(self, credentials: GitHubCredentials, *, http: httpx.Client | None = None):
+    def __init__(self, credentials: GitHubCredentials):
         self.credentials = credentials
-        # One call at a time per credential: GitHub's advice against secondary limits.
-        self.outbound = OutboundClient(_client(http), politeness=GITHUB_SERIAL)
+        self.outbound = OutboundClient(
+            build_client(timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS), slots=serial_slots()
+        )
         self.tokens = (
             InstallationTokens(credentials, self.outbound) if credentials.uses_app else None
         )
@@ -215,7 +253,10 @@ class GitHubClient:
     def request(
         self, method: str, path: str, *, resource: str, json_body: dict | None = None
     ) -> httpx.Response:
-        """One API call admitted against (credentials' key, resource); a 401 refreshes once."""
+        """One API call admitted against (credentials' key, resource); a 401 refreshes once.
+
+        A retryable answer (5xx, 408, 425) raises Transient; any other answer is returned.
+        """
         token = self._token()
         for attempt in range(2):
             request = self.outbound.http.build_request(
@@ -228,14 +269,14 @@ class GitHubClient:
                     "X-GitHub-Api-Version": API_VERSION,
                 },
             )
-            response = self.outbound.send(
-                request, key=self.credentials.admission_key, resource=resource
+            response = _send(
+                self.outbound, request, key=self.credentials.admission_key, resource=resource
             )
             if response.status_code == 401 and self.tokens is not None and attempt == 0:
                 token = self._token(refused=token)
                 continue
-            if response.status_code >= 500:
-                raise GitHubError(f"{method} {path} answered {response.status_code}")
+            if classify_status(response.status_code).retryable:
+                raise _unexpected(f"{method} {path}", response)
             return response
         return response
 
@@ -252,7 +293,7 @@ class GitHubClient:
             try:
                 return self.repository_via_graphql(owner, name)
             except RateLimited as graphql_limited:
-                raise min(core_limited, graphql_limited, key=lambda e: e.retry_at) from None
+                raise min(core_limited, graphql_limited, key=_retry_at) from None
 
     def repository_via_rest(self, owner: str, name: str) -> RepositoryStatus:
         response = self.request(
@@ -263,8 +304,8 @@ class GitHubClient:
         if response.status_code in {301, 302, 307, 308}:
             return RepositoryStatus(exists=True, full_name=f"{owner}/{name}", moved=True)
         if response.status_code != 200:
-            raise GitHubError(f"GET /repos/{owner}/{name} answered {response.status_code}")
-        body = response.json()
+            raise _unexpected(f"GET /repos/{owner}/{name}", response)
+        body = _parsed_body(f"GET /repos/{owner}/{name}", response)
         full_name = body.get("full_name", "")
         return RepositoryStatus(
             exists=True,
@@ -282,14 +323,14 @@ class GitHubClient:
             json_body={"query": REPOSITORY_QUERY, "variables": {"owner": owner, "name": name}},
         )
         if response.status_code != 200:
-            raise GitHubError(f"POST /graphql answered {response.status_code}")
-        body = response.json()
+            raise _unexpected("POST /graphql", response)
+        body = _parsed_body("POST /graphql", response)
         repository = (body.get("data") or {}).get("repository")
         if repository is None:
             types = {e.get("type") for e in body.get("errors") or [] if isinstance(e, dict)}
             if "NOT_FOUND" in types:
                 return RepositoryStatus(exists=False, full_name=f"{owner}/{name}", via="graphql")
-            raise GitHubError(f"GraphQL answered no repository: {sorted(map(str, types))}")
+            raise Transient(f"GraphQL answered no repository: {sorted(map(str, types))}")
         full_name = repository.get("nameWithOwner", "")
         return RepositoryStatus(
             exists=True,
@@ -299,3 +340,7 @@ class GitHubClient:
             via="graphql",
             moved=full_name.lower() != f"{owner}/{name}".lower(),
         )
+
+
+def _retry_at(limited: RateLimited) -> float:
+    return math.inf if limited.retry_at is None else limited.retry_at

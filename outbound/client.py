@@ -1,0 +1,218 @@
+"""The one client factory and the one sender every outbound call goes through.
+
+`build_client` makes the httpx client: the SSRF guard at connect time (every
+connection, so every redirect hop, unless AUDIT_ALLOW_PRIVATE_TARGETS), one TLS
+context per process, a timeout, Plumb's user agent, no automatic redirects (the
+one redirect loop is `outbound.redirects`).
+
+`OutboundClient.send` asks admission about the call's bucket before making it,
+records what the response says about the bucket (`ratelimit.responses`), sleeps
+short waits inline (INLINE_WAITS through `jobs.policy.delay`) and raises
+`jobs.errors.RateLimited` for long ones. Optionally it holds one of the host's
+(or the credential's) slots for the call (`outbound.hostslots`). Every request
+that reaches a downstream, or fails trying, is one downstream request in the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import ssl
+import time
+from collections.abc import Callable
+
+import httpx
+from django.conf import settings
+
+from jobs.errors import RateLimited
+from jobs.policy import RETRY, delay
+from observability.metrics import record_downstream_request
+from outbound import hostslots
+from outbound.guard import GuardedNetworkBackend
+from outbound.statuses import Answer, classify_status
+from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
+from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key
+from ratelimit.responses import Verdict, observe
+
+ACCEPT = "text/html,application/xhtml+xml,*/*;q=0.8"
+# The downstream-request metric's outcome for each answer.
+METRIC_OUTCOMES = {
+    Answer.OK: "ok",
+    Answer.PERMANENT: "ok",  # an answer, if not the one wanted
+    Answer.RATE_LIMITED: "rate_limited",
+    Answer.TRANSIENT: "transient_status",
+}
+
+_tls: tuple[int, ssl.SSLContext] | None = None
+
+
+def tls_context() -> ssl.SSLContext:
+    """This process's TLS context, made once per process (a forked child makes its own).
+
+    Building one loads the CA bundle: about 35 ms of CPU, which every attempt
+    (and so every retry in a storm) paid when each client built its own.
+    """
+    global _tls
+    if _tls is None or _tls[0] != os.getpid():
+        _tls = (os.getpid(), httpx.create_ssl_context())
+    return _tls[1]
+
+
+def build_client(
+    *, timeout: float, user_agent: str | None = None, allow_private: bool | None = None
+) -> httpx.Client:
+    """An httpx client for downstream calls; the user agent and the private-address
+    switch default to AUDIT_USER_AGENT and AUDIT_ALLOW_PRIVATE_TARGETS."""
+    if user_agent is None:
+        user_agent = settings.AUDIT_USER_AGENT
+    if allow_private is None:
+        allow_private = settings.AUDIT_ALLOW_PRIVATE_TARGETS
+    transport = httpx.HTTPTransport(retries=0, verify=tls_context())
+    # httpx has no public hook for the network backend; the pool's is the one
+    # place every connection (and so every redirect hop) goes through.
+    transport._pool._network_backend = GuardedNetworkBackend(allow_private=allow_private)
+    return httpx.Client(
+        transport=transport,
+        timeout=httpx.Timeout(timeout),
+        follow_redirects=False,
+        headers={"User-Agent": user_agent, "Accept": ACCEPT},
+    )
+
+
+def admission_key_for_url(url: httpx.URL | str) -> str:
+    url = httpx.URL(url)
+    return host_key(url.host, url.port)
+
+
+def key_class(key: str) -> str:
+    """The low-cardinality class of an admission key: `host`, `github-installation`, …"""
+    return key.split(":", 1)[0]
+
+
+class OutboundClient:
+    """Sends requests through an httpx.Client, minding each bucket's admission.
+
+    With `slots` each request also holds one of its host's (or its credential's)
+    slots, waiting for one at most as long as an inline wait. `rate_limits=False`
+    (webhook receivers: their 429 is an ordinary failed attempt) sends without
+    admission, observations or inline waits; the metrics still count the request.
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        *,
+        slots: hostslots.SlotLimit | None = None,
+        rate_limits: bool = True,
+        inline_max_wait: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.http = http
+        self.slots = slots
+        self.rate_limits = rate_limits
+        self.inline_max_wait = (
+            settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
+            if inline_max_wait is None
+            else inline_max_wait
+        )
+        self.sleep = sleep
+
+    def send(
+        self,
+        request: httpx.Request,
+        *,
+        key: str | None = None,
+        resource: str = DEFAULT_RESOURCE,
+        stream: bool = False,
+        deadline: float | None = None,
+    ) -> httpx.Response:
+        """The response, once the bucket admits the call and the answer is not a rate limit.
+
+        `key` defaults to the request's host. `deadline` (time.monotonic()) caps
+        inline waits further. Raises RateLimited when the wait is too long to sleep.
+        httpx's errors (and the guard's TargetNotAllowed) propagate: each
+        integration says what they mean for it.
+        """
+        key = key or admission_key_for_url(request.url)
+        for step in range(1, MAX_INLINE_RETRIES + 2):
+            with self._slot(request.url, key, deadline):
+                admission = self._admit(key, resource)
+                if admission.go:
+                    response = self._send_counted(request, key=key, stream=stream)
+                    verdict = self._observe(response, key=key, resource=resource, step=step)
+                    answer = classify_status(
+                        response.status_code, rate_limited=verdict is not None and verdict.limited
+                    )
+                    _count(key, response, METRIC_OUTCOMES[answer])
+                    if verdict is None or not verdict.limited:
+                        return response
+                    response.close()
+                    until = _until(verdict)
+                    reason = f"{verdict.kind}: {request.method} {request.url} answered {response.status_code}"
+                else:
+                    until = admission.until
+                    reason = "admission"
+            wait = until - time.time()
+            if step > MAX_INLINE_RETRIES or wait > self._inline_budget(deadline):
+                raise RateLimited(key, resource, until, reason=reason)
+            self.sleep(delay(INLINE_WAITS, RETRY, step=step, after=wait if wait > 0 else None))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _admit(self, key: str, resource: str) -> Admission:
+        if not self.rate_limits:
+            return Admission(key=key, resource=resource)
+        return admit(key, resource)
+
+    def _observe(
+        self, response: httpx.Response, *, key: str, resource: str, step: int
+    ) -> Verdict | None:
+        if not self.rate_limits:
+            return None
+        return observe(response, key=key, resource=resource, inline_step=step)
+
+    def _send_counted(self, request: httpx.Request, *, key: str, stream: bool) -> httpx.Response:
+        """Send; a request that never got an answer is counted here, one that did by `send`."""
+        started = time.monotonic()
+        try:
+            response = self.http.send(request, stream=stream)
+        except httpx.TimeoutException:
+            record_downstream_request(key_class(key), None, "timeout", time.monotonic() - started)
+            raise
+        except httpx.TransportError:
+            record_downstream_request(
+                key_class(key), None, "connection_error", time.monotonic() - started
+            )
+            raise
+        response.extensions["plumb_started"] = started
+        return response
+
+    def _inline_budget(self, deadline: float | None) -> float:
+        if deadline is None:
+            return self.inline_max_wait
+        return min(self.inline_max_wait, deadline - time.monotonic())
+
+    def _slot(self, url: httpx.URL, key: str, deadline: float | None):
+        if self.slots is None:
+            return contextlib.nullcontext()
+        return hostslots.slot(
+            self.slots,
+            key if self.slots.per_credential else url.netloc.decode("ascii"),
+            key=key,
+            max_wait=max(0.0, self._inline_budget(deadline)),
+        )
+
+
+def _until(verdict: Verdict) -> float:
+    now = time.time()
+    candidates = [verdict.blocked_until or 0.0]
+    if verdict.kind == Kind.PRIMARY and verdict.limits.reset_at:
+        candidates.append(verdict.limits.reset_at)
+    return max(max(candidates), now)
+
+
+def _count(key: str, response: httpx.Response, outcome: str) -> None:
+    """Every request that reached a downstream is one downstream request (redirect hops too)."""
+    started = response.extensions.get("plumb_started", time.monotonic())
+    record_downstream_request(
+        key_class(key), response.status_code, outcome, time.monotonic() - started
+    )

@@ -1,0 +1,142 @@
+"""Slots per host (or per credential), shared by every worker through Redis, on Redis's clock.
+
+A limit says how many calls may be in flight at once (`concurrency`, 0: any
+number) and how often one may start (`rate` per second, spaced evenly, no burst;
+None: no spacing). Each pool keeps its own slots:
+
+- link checks: LINKCHECK_PER_HOST_CONCURRENCY and LINKCHECK_PER_HOST_RATE per host;
+- GitHub: one call at a time per credential (GitHub's advice against secondary limits);
+- webhook deliveries: WEBHOOK_PER_HOST_CONCURRENCY per destination host.
+
+A slot is a lease in a sorted set that expires on its own, so a worker killed
+mid-request frees its slot after the lease instead of never. The time is read
+inside the script (Redis TIME): workers whose clocks disagree still agree on
+who holds a slot and when the next call may start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from config.redis import REDIS_NOW_LUA, lua, redis_client
+from jobs.errors import RateLimited
+
+# The resource a RateLimited for busy slots names (beside the key it waits on).
+SLOTS_RESOURCE = "slots"
+# Polled while all slots are taken: nobody announces a release.
+BUSY_POLL_SECONDS = 0.05
+# The least a caller that gave up waiting is told to stay away.
+MIN_RETRY_SECONDS = 1.0
+
+# Returns {1, 0, now_ms} when the slot is taken, {0, -1, now_ms} when all are busy,
+# {0, wait_ms, now_ms} when the next start is spaced later. Both limits are checked
+# and the slot taken in one step, so two workers cannot both take the last one.
+ACQUIRE = lua(
+    REDIS_NOW_LUA
+    + """
+local inflight, next_key = KEYS[1], KEYS[2]
+local token, limit = ARGV[1], tonumber(ARGV[2])
+local lease, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = redis_now()
+local now_ms = math.floor(now * 1000)
+redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
+if limit > 0 and redis.call('ZCARD', inflight) >= limit then
+  return {0, -1, now_ms}
+end
+if interval > 0 then
+  local next_at = tonumber(redis.call('GET', next_key) or '0')
+  if next_at > now then
+    return {0, math.ceil((next_at - now) * 1000), now_ms}
+  end
+  redis.call('SET', next_key, string.format('%.6f', now + interval),
+             'PX', math.ceil(interval * 1000) + 1000)
+end
+redis.call('ZADD', inflight, now + lease, token)
+redis.call('PEXPIRE', inflight, math.ceil(lease * 1000) + 1000)
+return {1, 0, now_ms}
+"""
+)
+
+
+@dataclass(frozen=True)
+class SlotLimit:
+    pool: str  # "links", "github", "webhooks": each pool keeps its own slots
+    concurrency: int  # calls in flight at once; 0: any number
+    lease: float  # seconds a slot is held at most (longer than any live call)
+    rate: float | None = None  # calls started per second; None: no spacing
+    per_credential: bool = False  # slots per admission key, not per host
+
+    @property
+    def limits_anything(self) -> bool:
+        return self.concurrency > 0 or bool(self.rate)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    taken: bool
+    wait: float | None  # not taken: seconds worth waiting, None when every slot is busy
+    now: float  # Redis's clock, epoch seconds
+
+
+def _keys(limit: SlotLimit, name: str) -> list[str]:
+    return [f"hostslots:{limit.pool}:{name}:inflight", f"hostslots:{limit.pool}:{name}:next"]
+
+
+def try_acquire(limit: SlotLimit, name: str, token: str) -> Attempt:
+    """Take one of `name`'s slots for `token`, if the limit allows it now."""
+    interval = 1.0 / limit.rate if limit.rate else 0.0
+    taken, wait_ms, now_ms = ACQUIRE(
+        keys=_keys(limit, name),
+        args=[token, limit.concurrency, repr(limit.lease), repr(interval)],
+        client=redis_client(),
+    )
+    wait = None if wait_ms < 0 else wait_ms / 1000
+    return Attempt(taken=bool(taken), wait=wait, now=now_ms / 1000)
+
+
+def release(limit: SlotLimit, name: str, token: str) -> None:
+    redis_client().zrem(_keys(limit, name)[0], token)
+
+
+@contextlib.contextmanager
+def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> Iterator[None]:
+    """Hold one of `name`'s slots for the block.
+
+    `max_wait` None never waits: a full host raises RateLimited at once with no
+    retry time (nobody knows when a slot frees), for the job to back off. A number
+    waits up to that many seconds, then raises RateLimited with the time worth
+    trying again, so the job is deferred instead of holding a worker while other
+    slow calls to the host run. `key` is the bucket the RateLimited names.
+    """
+    if not limit.limits_anything:
+        yield
+        return
+    token = uuid.uuid4().hex
+    deadline = time.monotonic() + (max_wait or 0.0)
+    while not (attempt := try_acquire(limit, name, token)).taken:
+        # Every slot busy: poll again soon (jittered, so pollers do not line up).
+        wait = (
+            BUSY_POLL_SECONDS * random.uniform(0.5, 1.5) if attempt.wait is None else attempt.wait
+        )
+        if max_wait is None or time.monotonic() + wait > deadline:
+            if max_wait is not None:
+                retry_at = attempt.now + max(wait, MIN_RETRY_SECONDS)
+            else:
+                retry_at = None if attempt.wait is None else attempt.now + attempt.wait
+            raise RateLimited(key, SLOTS_RESOURCE, retry_at, reason=_why_busy(limit, name, attempt))
+        time.sleep(wait)
+    try:
+        yield
+    finally:
+        release(limit, name, token)
+
+
+def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:
+    if attempt.wait is None:
+        return f"{name} is busy with {limit.concurrency} call(s) in flight"
+    return f"{name} may start {limit.rate:g} call(s) a second"

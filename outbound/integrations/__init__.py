@@ -1,0 +1,1 @@
+"""One module per downstream Plumb calls; each raises only `jobs.errors` exceptions."""

@@ -1,0 +1,145 @@
+"""Checking one outbound link: a GET through the redirect loop, or GitHub's API for a repository.
+
+Links to GitHub repositories are checked through the API when credentials are
+configured (exists? archived?), otherwise like any other link. Plain links hold
+one of their host's slots (LINKCHECK_PER_HOST_CONCURRENCY, LINKCHECK_PER_HOST_RATE)
+across every worker. Outcome statuses are the values of
+`audits.models.LinkCheck.Status` (outbound does not import audits).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+
+from jobs.errors import Permanent, Transient
+from outbound.client import OutboundClient, build_client
+from outbound.guard import TargetNotAllowed
+from outbound.hostslots import SlotLimit
+from outbound.integrations.github import GitHubClient
+from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
+from outbound.statuses import Answer, classify_status
+from ratelimit.headers import parse_retry_after
+
+OK = "ok"
+REDIRECTED = "redirected"
+BROKEN = "broken"
+SKIPPED = "skipped"
+
+GITHUB_WEB_HOSTS = {"github.com", "www.github.com"}
+# github.com/<owner>/<repo>, optionally with a trailing slash or .git: a repository.
+GITHUB_REPOSITORY_PATH = re.compile(
+    r"^/([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?$"
+)
+# First path segments on github.com that are pages, not owners.
+GITHUB_RESERVED = {
+    "about", "apps", "collections", "customer-stories", "enterprise", "explore", "features",
+    "issues", "login", "marketplace", "new", "notifications", "orgs", "pricing", "pulls",
+    "readme", "search", "security", "settings", "site", "sponsors", "team", "topics", "trending",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LinkOutcome:
+    status: str
+    status_code: int | None = None
+    final_url: str = ""
+    github: dict | None = None
+    detail: str = ""
+
+
+def link_check_slots() -> SlotLimit:
+    return SlotLimit(
+        "links",
+        concurrency=settings.LINKCHECK_PER_HOST_CONCURRENCY,
+        rate=settings.LINKCHECK_PER_HOST_RATE,
+        lease=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5,
+    )
+
+
+def github_repository(url: str) -> tuple[str, str] | None:
+    """(owner, name) when `url` is a GitHub repository's page."""
+    parts = urlsplit(url)
+    if (parts.hostname or "").lower() not in GITHUB_WEB_HOSTS or parts.query:
+        return None
+    match = GITHUB_REPOSITORY_PATH.match(parts.path)
+    if not match or match.group(1).lower() in GITHUB_RESERVED:
+        return None
+    return match.group(1), match.group(2)
+
+
+def check_url(url: str, *, github: GitHubClient | None = None) -> LinkOutcome:
+    """Check one link. Raises RateLimited (defer) or Transient (retry)."""
+    repository = github_repository(url) if github is not None else None
+    if repository is not None:
+        return check_github_repository(github, *repository)
+    return check_http(url)
+
+
+def check_github_repository(github: GitHubClient, owner: str, name: str) -> LinkOutcome:
+    try:
+        repository = github.repository(owner, name)
+    except Permanent as exc:
+        # GitHub refuses to say (a plain 403, say): retrying cannot change that.
+        return LinkOutcome(BROKEN, status_code=exc.status_code, detail=f"GitHub API: {exc}")
+    facts = {
+        "repository": repository.full_name or f"{owner}/{name}",
+        "missing": not repository.exists,
+        "archived": repository.archived,
+        "via": repository.via,
+    }
+    if not repository.exists:
+        return LinkOutcome(BROKEN, github=facts, detail="repository not found")
+    if repository.moved:
+        return LinkOutcome(REDIRECTED, final_url=repository.url, github=facts)
+    return LinkOutcome(OK, github=facts)
+
+
+def _does_not_resolve(exc: BaseException) -> bool:
+    """A name that does not exist, as opposed to a resolver that failed for now."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", -5)}
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def check_http(url: str) -> LinkOutcome:
+    """GET the link (no body read), following up to five redirects, host by host politely."""
+    timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
+    chain = RedirectChain(url)
+    with build_client(timeout=timeout) as http:
+        outbound = OutboundClient(http, slots=link_check_slots())
+        try:
+            response = chain.follow(outbound, deadline=time.monotonic() + timeout)
+        except TargetNotAllowed as exc:
+            return LinkOutcome(SKIPPED, detail=f"not checked: {exc}")
+        except TooManyRedirects as exc:
+            return LinkOutcome(BROKEN, exc.status_code, chain.current, detail="too many redirects")
+        except UnfollowableRedirect as exc:
+            return LinkOutcome(BROKEN, exc.status_code, chain.current, detail=str(exc))
+        except httpx.TimeoutException as exc:
+            raise Transient(f"timed out after {timeout:g}s checking {chain.current}") from exc
+        except httpx.TransportError as exc:
+            if _does_not_resolve(exc):
+                return LinkOutcome(BROKEN, final_url=chain.current, detail="host does not resolve")
+            raise Transient(f"could not check {chain.current}: {exc}") from exc
+        response.close()
+    status = response.status_code
+    answer = classify_status(status)
+    if answer.retryable:
+        raise Transient(
+            f"{chain.current} answered {status}",
+            retry_after=parse_retry_after(response.headers.get("retry-after")),
+            status_code=status,
+        )
+    if answer is Answer.PERMANENT:
+        return LinkOutcome(BROKEN, status, chain.current)
+    return LinkOutcome(REDIRECTED if chain.redirects else OK, status, chain.current)

@@ -1,0 +1,127 @@
+"""The audited page: one GET through the redirect loop, a size cap, timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from jobs.errors import Permanent, Transient
+from outbound.client import OutboundClient, build_client
+from outbound.guard import TargetNotAllowed
+from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
+from outbound.statuses import classify_status
+from ratelimit.headers import parse_retry_after
+
+
+@dataclass
+class FetchedPage:
+    requested_url: str
+    final_url: str
+    status_code: int
+    headers: httpx.Headers
+    body: bytes
+    truncated: bool
+    ttfb_ms: float
+    total_ms: float
+    redirects: list[dict] = field(default_factory=list)
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+    @property
+    def charset(self) -> str | None:
+        for param in self.headers.get("content-type", "").split(";")[1:]:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "charset":
+                return value.strip().strip('"') or None
+        return None
+
+
+def fetch_page(
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    user_agent: str,
+    allow_private: bool,
+) -> FetchedPage:
+    """Fetch `url`, following up to five redirects, within `timeout` seconds in all.
+
+    The timeout bounds the whole fetch (every hop and the body), so a server
+    that trickles a body without end still ends the audit on time; the size cap
+    truncates the body rather than failing the audit. A 4xx page is a result to
+    report; a retryable status (5xx, 408, 425, 429) raises Transient with the
+    page's Retry-After. Each hop is admitted against its host's rate-limit
+    observations first: a host that asked us to wait longer than an inline wait
+    raises RateLimited. A forbidden address, a redirect loop or a redirect to
+    something unfetchable raises Permanent.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    chain = RedirectChain(url)
+    with build_client(
+        timeout=timeout, user_agent=user_agent, allow_private=allow_private
+    ) as client:
+        try:
+            response = chain.follow(OutboundClient(client), deadline=deadline)
+        except TargetNotAllowed as exc:
+            raise Permanent(f"refused to fetch {chain.current}: {exc}") from exc
+        except TooManyRedirects as exc:
+            raise Permanent(str(exc)) from None
+        except UnfollowableRedirect as exc:
+            raise Permanent(
+                f"{chain.current} redirects to {exc.location!r}, which cannot be fetched: {exc}"
+            ) from None
+        except httpx.TimeoutException as exc:
+            raise Transient(f"timed out after {timeout:g}s fetching {chain.current}") from exc
+        except httpx.TransportError as exc:
+            raise Transient(
+                f"could not fetch {chain.current}: {exc.__class__.__name__}: {exc}"
+            ) from exc
+        try:
+            ttfb_ms = (time.monotonic() - started) * 1000
+            if classify_status(response.status_code).retryable:
+                raise Transient(
+                    f"{chain.current} answered {response.status_code}",
+                    retry_after=parse_retry_after(response.headers.get("retry-after")),
+                    status_code=response.status_code,
+                )
+            body, truncated = _read_body(
+                response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
+            )
+        finally:
+            response.close()
+    return FetchedPage(
+        requested_url=url,
+        final_url=chain.current,
+        status_code=response.status_code,
+        headers=response.headers,
+        body=body,
+        truncated=truncated,
+        ttfb_ms=round(ttfb_ms, 1),
+        total_ms=round((time.monotonic() - started) * 1000, 1),
+        redirects=chain.redirects,
+    )
+
+
+def _read_body(
+    response: httpx.Response, *, max_bytes: int, deadline: float, timeout: float
+) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= max_bytes:
+                return b"".join(chunks)[:max_bytes], True
+            if time.monotonic() > deadline:
+                raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}")
+    except httpx.TimeoutException as exc:
+        raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}") from exc
+    except httpx.TransportError as exc:
+        raise Transient(f"connection broke reading the body of {response.url}: {exc}") from exc
+    return b"".join(chunks), False

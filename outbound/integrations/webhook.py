@@ -1,0 +1,157 @@
+"""Webhook receivers: the Standard Webhooks secret and signature, the POST, the host's slots.
+
+Deliveries follow the Standard Webhooks specification: `webhook-id` (the
+delivery's id, the same on every attempt), `webhook-timestamp` and
+`webhook-signature` (`v1,` + base64 HMAC-SHA256 of "id.timestamp.body" with the
+`whsec_` secret), signed with the `standardwebhooks` package receivers verify with.
+
+A receiver's answer is classified like any other downstream's: 2xx is
+delivered; 408, 425, 429 and 5xx raise Transient with the receiver's
+Retry-After; any other 4xx (and a forbidden address) raises Permanent. A
+receiver's 429 is an ordinary failed attempt, not a rate-limit observation: the
+POST goes through the one sender without admission.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import httpx
+from django.conf import settings
+from standardwebhooks.webhooks import Webhook
+
+from jobs.errors import Permanent, Transient
+from outbound import hostslots
+from outbound.client import OutboundClient, build_client
+from outbound.guard import TargetNotAllowed
+from outbound.statuses import Answer, classify_status
+from ratelimit.headers import parse_retry_after
+from ratelimit.observations import host_key
+
+SECRET_PREFIX = "whsec_"
+# The spec recommends 24 to 64 random bytes; fewer than 16 is too easy to guess.
+SECRET_MIN_BYTES, SECRET_MAX_BYTES = 16, 64
+ERROR_BODY_BYTES = 512
+
+
+# --- Secrets and signatures ----------------------------------------------------
+
+
+def validate_secret(secret: str) -> str:
+    """A Standard Webhooks secret: `whsec_` + base64 of 16 to 64 bytes. Raises ValueError."""
+    if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
+        raise ValueError(f"Must start with '{SECRET_PREFIX}' (the Standard Webhooks form).")
+    try:
+        raw = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"Must be '{SECRET_PREFIX}' followed by base64.") from None
+    if not SECRET_MIN_BYTES <= len(raw) <= SECRET_MAX_BYTES:
+        raise ValueError(
+            f"Must encode {SECRET_MIN_BYTES} to {SECRET_MAX_BYTES} bytes, not {len(raw)}."
+        )
+    return secret
+
+
+def signed_headers(
+    *, secret: str, webhook_id: str, body: str, at: datetime | None = None
+) -> dict[str, str]:
+    at = at or datetime.now(UTC)
+    return {
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": Webhook(secret).sign(webhook_id, at, body),
+    }
+
+
+# --- The destination host's slots --------------------------------------------------
+
+
+def delivery_slots() -> hostslots.SlotLimit:
+    """WEBHOOK_PER_HOST_CONCURRENCY deliveries in flight per host (0: no limit); a lease
+    outlives any live attempt: the request timeout, twice, plus slack."""
+    return hostslots.SlotLimit(
+        "webhooks",
+        concurrency=settings.WEBHOOK_PER_HOST_CONCURRENCY,
+        lease=2 * settings.WEBHOOK_TIMEOUT_SECONDS + 5,
+    )
+
+
+@contextlib.contextmanager
+def host_slot(url: str) -> Iterator[None]:
+    """Hold one of the destination host's slots for the block.
+
+    Never waits: a full host raises RateLimited at once (retry_at None), so the
+    delivery is deferred and its worker thread moves on.
+    """
+    target = httpx.URL(url)
+    with hostslots.slot(
+        delivery_slots(), target.host, key=host_key(target.host, target.port), max_wait=None
+    ):
+        yield
+
+
+# --- The POST ----------------------------------------------------------------------
+
+
+def post(url: str, *, body: str, headers: dict[str, str]) -> int:
+    """POST the body; the 2xx status it was answered with, or Transient/Permanent saying why not."""
+    outbound = OutboundClient(_client(), rate_limits=False)
+    request = outbound.http.build_request(
+        "POST", url, content=body.encode(), headers={**headers, "Content-Type": "application/json"}
+    )
+    try:
+        response = outbound.send(request, stream=True)
+        try:
+            excerpt = _excerpt(response)
+        finally:
+            response.close()
+    except TargetNotAllowed as exc:
+        raise Permanent(str(exc)) from None
+    except httpx.HTTPError as exc:
+        raise Transient(f"{exc.__class__.__name__}: {exc}") from None
+    status = response.status_code
+    if 200 <= status < 300:
+        return status
+    error = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    if classify_status(status) is Answer.PERMANENT:
+        raise Permanent(error, status_code=status)
+    # Retryable, or a redirect or informational answer this POST does not follow.
+    raise Transient(
+        error,
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        status_code=status,
+    )
+
+
+def _excerpt(response: httpx.Response) -> str:
+    """The start of the receiver's answer, kept with a failure."""
+    excerpt = b""
+    for chunk in response.iter_bytes():
+        excerpt += chunk
+        if len(excerpt) >= ERROR_BODY_BYTES:
+            break
+    return excerpt[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
+
+
+_clients: dict[tuple, httpx.Client] = {}
+
+
+def _client() -> httpx.Client:
+    """One client per process (and settings), so deliveries to a host reuse connections.
+
+    Keyed by the process too: a forked child never shares its parent's pooled sockets.
+    """
+    key = (
+        os.getpid(),
+        settings.WEBHOOK_TIMEOUT_SECONDS,
+        settings.AUDIT_USER_AGENT,
+        settings.AUDIT_ALLOW_PRIVATE_TARGETS,
+    )
+    if key not in _clients:
+        _clients[key] = build_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
+    return _clients[key]

@@ -1,0 +1,86 @@
+"""The one redirect loop: a GET and the redirects it leads to, hop by hop.
+
+Redirects are followed here, not by httpx, so that every hop is its own
+admitted, observed and counted request (`OutboundClient.send`), its target is
+normalized like a submitted URL, and the guard checks each hop's address when
+it connects. What a long chain or a bad Location means is the caller's to say:
+the page fetch fails the audit, the link check reports the link broken.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urljoin
+
+import httpx
+
+from outbound.client import OutboundClient
+from outbound.urls import InvalidURL, normalize_url
+
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+class RedirectError(Exception):
+    """The chain cannot be followed further from `RedirectChain.current`."""
+
+    def __init__(self, message: str, *, status_code: int, location: str):
+        super().__init__(message)
+        self.status_code = status_code
+        self.location = location
+
+
+class TooManyRedirects(RedirectError):
+    """More than MAX_REDIRECTS hops."""
+
+
+class UnfollowableRedirect(RedirectError):
+    """A Location that is no URL Plumb fetches (another scheme, no host, too long)."""
+
+
+class DeadlinePassed(httpx.TimeoutException):
+    """The chain's whole time ran out between hops: a timeout like any other."""
+
+
+class RedirectChain:
+    """Where a GET of `url` has got to: `current` is the URL of the latest hop,
+    `redirects` the hops before it ({"url", "status_code"}), so a caller that
+    catches an error can say which hop failed."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.current = url
+        self.redirects: list[dict] = []
+
+    def follow(self, outbound: OutboundClient, *, deadline: float) -> httpx.Response:
+        """The first answer that is not a redirect, streamed and open: the caller closes it.
+
+        `deadline` (time.monotonic()) bounds the whole chain. Raises TooManyRedirects,
+        UnfollowableRedirect, DeadlinePassed, and whatever `outbound.send` raises.
+        """
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlinePassed(f"no time left to fetch {self.current}")
+            request = outbound.http.build_request(
+                "GET", self.current, timeout=httpx.Timeout(remaining)
+            )
+            response = outbound.send(request, stream=True, deadline=deadline)
+            status = response.status_code
+            if status not in REDIRECT_STATUSES or "location" not in response.headers:
+                return response
+            response.close()
+            location = response.headers["location"]
+            self.redirects.append({"url": self.current, "status_code": status})
+            if len(self.redirects) > MAX_REDIRECTS:
+                raise TooManyRedirects(
+                    f"more than {MAX_REDIRECTS} redirects starting at {self.url}",
+                    status_code=status,
+                    location=location,
+                )
+            try:
+                self.current = normalize_url(urljoin(self.current, location)).url
+            except InvalidURL as exc:
+                raise UnfollowableRedirect(
+                    str(exc), status_code=status, location=location
+                ) from None
