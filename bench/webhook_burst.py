@@ -76,7 +76,7 @@ PHASES = {
     "naive": {
         "WEBHOOK_MAX_CONCURRENCY": "0",
         "WEBHOOK_PER_HOST_CONCURRENCY": "0",
-        "WEBHOOK_BACKOFF_JITTER": "false",
+        "RETRY_JITTER": "false",
         "BREAKER_ENABLED": "false",
     },
     "plumb": {},

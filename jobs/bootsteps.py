@@ -57,7 +57,8 @@ class WorkerThread(bootsteps.StartStopStep):
     def _run(self, worker) -> None:
         client = dedicated_client()
         try:
-            while not self._stopping.wait(self.interval()):
+            # A first tick as the worker starts, then one every interval.
+            while not self._stopping.is_set():
                 try:
                     self.tick(worker, client)
                 except Exception:  # a Redis or database hiccup must not end the thread
@@ -65,6 +66,7 @@ class WorkerThread(bootsteps.StartStopStep):
                 finally:
                     # This thread's own database connection: not held between ticks.
                     connections.close_all()
+                self._stopping.wait(self.interval())
         finally:
             client.close()
 

@@ -12,21 +12,20 @@ it was published.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime
 
 from celery import signals
 
+from jobs.headers import DEFERRALS_HEADER, PUBLISHED_AT_HEADER, header
 from observability import metrics
 
 log = logging.getLogger(__name__)
 
-# Stamped on every task message when it is published (a retry is a new publish),
-# so a worker can tell how long the message waited once it was due.
-PUBLISHED_AT_HEADER = "plumb_published_at"
-
-# task id -> monotonic start, for the tasks this process is running.
-_started: dict[str, float] = {}
+# task id -> (monotonic start, seconds its message waited once due), for the tasks this
+# process (or thread) is running.
+_started: dict[str, tuple[float, float | None]] = {}
 
 _AUDIT_OUTCOMES = {"SUCCESS": "succeeded", "RETRY": "retried", "FAILURE": "failed"}
 
@@ -53,10 +52,11 @@ def attempt_started(task) -> None:
     if not task.policy.counts_as_job:
         return
     request = task.request
-    waited = queue_wait(request, time.time())
-    metrics.record_task_attempt(
-        task.name, first=not request.retries, job_id=request.id, queue_wait=waited
-    )
+    _, waited = _started.get(request.id, (None, None))
+    # A job's first attempt is its first run past the breaker: no retry, no deferral
+    # before it. So first attempts count unique jobs, and every other run is waste.
+    first = not request.retries and not header(request, DEFERRALS_HEADER)
+    metrics.record_task_attempt(task.name, first=first, job_id=request.id, queue_wait=waited)
 
 
 def waited(task, reason: str) -> None:
@@ -83,16 +83,24 @@ def stamp_published_at(headers=None, **kwargs):
 
 @signals.task_prerun.connect
 def log_start(task_id=None, task=None, **kwargs):
-    _started[task_id] = time.monotonic()
+    waited = queue_wait(task.request, time.time())
+    _started[task_id] = (time.monotonic(), waited)
     log.info(
         "task.started",
-        extra={"task": task.name, "task_id": task_id, "attempt": task.request.retries + 1},
+        extra={
+            "task": task.name,
+            "task_id": task_id,
+            "attempt": task.request.retries + 1,
+            # Which pool process (or the threads' process) runs it.
+            "pid": os.getpid(),
+            "queue_wait_seconds": None if waited is None else round(waited, 3),
+        },
     )
 
 
 @signals.task_postrun.connect
 def log_finish(task_id=None, task=None, state=None, **kwargs):
-    started = _started.pop(task_id, None)
+    started, _ = _started.pop(task_id, (None, None))
     seconds = None if started is None else time.monotonic() - started
     log.info(
         "task.finished",

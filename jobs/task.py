@@ -38,6 +38,7 @@ from redis import RedisError
 
 from jobs import backlog, breakers, deadletters, delayed, instrumentation
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient
+from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
 from jobs.policy import (
     DATABASE_UNAVAILABLE,
     DEFERRAL,
@@ -49,11 +50,6 @@ from jobs.policy import (
 )
 
 log = logging.getLogger(__name__)
-
-# Message headers a job carries from one wait to the next.
-FIRST_FAILED_AT_HEADER = "plumb_first_failed_at"
-DEFERRALS_HEADER = "plumb_deferrals"
-CARRIED_HEADERS = (FIRST_FAILED_AT_HEADER, DEFERRALS_HEADER)
 
 # What each kind of wait is counted as (plumb_task_retries_total{reason}), and logged as.
 RETRY_REASONS = {RETRY: "error", DEFERRAL: "rate_limited", PARK: "breaker_parked"}
@@ -81,14 +77,6 @@ class PlumbRequest(Request):
             return super().on_timeout(soft, timeout)
         finally:
             self.task.request_stack.pop()
-
-
-def header(request, name: str):
-    """A header of the message being run (Celery puts custom headers on the request)."""
-    value = request.get(name)
-    if value is None:
-        value = (request.headers or {}).get(name)
-    return value
 
 
 class PlumbTask(Task):

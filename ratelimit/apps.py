@@ -3,4 +3,11 @@ from django.apps import AppConfig
 
 class RatelimitConfig(AppConfig):
     name = "ratelimit"
-    verbose_name = "Rate limits and retries"
+    verbose_name = "Outbound rate limits"
+
+    def ready(self):
+        # A job waiting on a bucket wakes only once admission would let it call out.
+        from jobs import delayed
+        from ratelimit.admission import admit
+
+        delayed.set_wake_check(lambda key, resource: admit(key, resource).until)

@@ -45,9 +45,16 @@ def start_worker(transactional_db, redis_client):
     started: list[WorkerProcess] = []
 
     def start(
-        queue: str, *, concurrency: int | None = 1, pool: str | None = None, env: dict | None = None
+        queue: str,
+        *,
+        concurrency: int | None = 1,
+        pool: str | None = None,
+        env: dict | None = None,
+        options: list[str] | None = None,
     ) -> WorkerProcess:
-        worker = WorkerProcess(queue, concurrency=concurrency, pool=pool, env=env).start()
+        worker = WorkerProcess(
+            queue, concurrency=concurrency, pool=pool, env=env, options=options
+        ).start()
         started.append(worker)
         return worker
 

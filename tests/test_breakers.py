@@ -205,3 +205,23 @@ def test_transitions_are_logged_as_key_value_events(breaker, caplog):
     assert record.host == "downstream.example"
     assert record.task == "audits.run_audit"
     assert (record.calls, record.failures) == (4, 4)
+
+
+def test_an_open_breaker_shows_in_the_next_scrape_and_half_opens_when_its_period_ends(
+    breaker, settings
+):
+    def breakers_by_state() -> dict[str, float]:
+        samples = scrape()
+        return {
+            labels[0][1]: value
+            for (name, labels), value in samples.items()
+            if name == "plumb_breakers"
+        }
+
+    assert breakers_by_state() == {"closed": 0, "open": 0, "half_open": 0}
+    other = Breaker("webhooks.deliver", "receiver.example")
+    call(other, SUCCESS)
+    open_it(breaker)
+    assert breakers_by_state() == {"closed": 0, "open": 1, "half_open": 0}
+    wait_until_open_period_ends(breaker)
+    assert breakers_by_state() == {"closed": 0, "open": 0, "half_open": 1}

@@ -83,6 +83,8 @@ def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given
         services.execute_audit(str(audit.id))
     assert limited.value.retry_at == pytest.approx(now + 120)
     assert site.hits["/noindex"] == 0
-    services.mark_waiting(str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}")
+    services.mark_waiting(
+        str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}"
+    )
     audit.refresh_from_db()
     assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)

@@ -8,7 +8,6 @@ that each minted their own token.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -16,10 +15,10 @@ import pytest
 
 from audits import submission
 from audits.models import Audit, LinkCheck
+from jobs import delayed
 from jobs.errors import RateLimited
 from outbound.integrations.github import GitHubClient, GitHubCredentials
 from outbound.urls import normalize_url
-from ratelimit import deferred as parking
 from ratelimit.admission import admit
 from ratelimit.observations import (
     RateLimitObservation,
@@ -82,10 +81,10 @@ def test_an_app_jwt_observation_does_not_clear_an_installations_exhaustion_backo
     fake_github.exhaust(fake_github.installation, "graphql", reset_in=600)
     with pytest.raises(RateLimited):
         github.repository("plumb", "repo0")
-    parking.park(
-        parking.ParkedTask("audits.check_link", "t-1", "audits", [1], key=INSTALLATION,
-                           resource="core"),
-        due=time.time(),
+    delayed.schedule(
+        delayed.Entry("audits.check_link", "audits", "t-1", [1], wait="deferral",
+                      wait_on=(INSTALLATION, "core")),
+        delay=0,
     )  # fmt: skip
 
     # A fresh mint: an App-JWT call, answered from the App's healthy bucket, newest of all.
@@ -96,7 +95,7 @@ def test_an_app_jwt_observation_does_not_clear_an_installations_exhaustion_backo
     assert (newest.key, newest.remaining) == (github_app_key(APP_ID), 4998)
 
     assert not admit(INSTALLATION, "core").go
-    assert parking.wake_due() == 0  # the parked check stays parked
+    assert delayed.wake_due("audits", client=redis_client) == 0  # it stays stored
     assert rest_and_graphql(fake_github, fake_github.installation) == (1, 1)
 
 
@@ -146,11 +145,8 @@ def submit(url: str) -> Audit:
     return submission.submit_audit(normalize_url(url))
 
 
-def parked_entries(redis_client) -> list[tuple[dict, float]]:
-    return [
-        (json.loads(raw), score)
-        for raw, score in redis_client.zrange(parking.PARKED_KEY, 0, -1, withscores=True)
-    ]
+def parked_entries(redis_client) -> list[tuple[delayed.Entry, float]]:
+    return delayed.entries("audits", redis_client)
 
 
 @pytest.mark.slow
@@ -172,8 +168,8 @@ def test_a_60s_retry_after_causes_no_inline_retry_and_a_queue_retry_60s_later_wi
     (revealing,) = fake_github.requests(identity=fake_github.installation)
     assert revealing.status == 403  # the one request; no inline retry, no GraphQL try
     for task, due in entries:
-        assert task["name"] == "audits.check_link"
-        assert task["retries"] == 0  # no attempt spent
+        assert task.task == "audits.check_link"
+        assert task.retries == 0  # no attempt spent
         assert due >= revealing.at + 60
         assert due <= revealing.at + 60 + 7  # Retry-After plus up to 10 % jitter
     assert len({due for _, due in entries}) == 3  # jittered, not in lockstep
@@ -205,7 +201,6 @@ def test_parked_link_checks_wake_spread_out_after_the_reset_and_all_complete(
     dues = sorted(due for _, due in entries)
     assert dues[0] >= reset_at
     assert len(set(dues)) == 6 and dues[-1] - dues[0] > 0.05  # spread, not a herd
-    beat("ratelimit.wake_parked")
 
     wait_for(
         lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,
@@ -239,7 +234,7 @@ def test_with_the_bucket_exhausted_for_the_whole_test_the_downstream_sees_only_t
         concurrency=2,
         env={**fake_github.worker_env, "AUDIT_LINKCHECK_DEADLINE_SECONDS": "8"},
     )
-    beat("ratelimit.wake_parked", "audits.finish_overdue_link_checks")
+    beat("audits.finish_overdue_link_checks")
     audit = submit(f"{page.url}/")
 
     done = wait_for(

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from jobs import delayed
 from jobs.errors import RateLimited
 from jobs.policy import RETRY, delay
 from outbound.client import OutboundClient
-from ratelimit import deferred as parking
 from ratelimit.admission import INLINE_WAITS, admit
 from ratelimit.headers import parse_limit_headers, parse_retry_after
 from ratelimit.observations import (
@@ -276,22 +276,25 @@ def test_the_waker_reads_the_tasks_own_bucket_and_reparks_while_it_is_spent(redi
     now = time.time()
     record(exhausted_core(now))
     record(healthy(github_app_key(4242), "core", now + 1))  # newer, another bucket
-    task = parking.ParkedTask(
-        name="audits.check_link", task_id="t-1", queue="audits", args=[1],
-        key=INSTALLATION, resource="core",
+    entry = delayed.Entry(
+        "audits.check_link", "audits", "t-1", [1], headers={"plumb_deferrals": 1},
+        wait="deferral", wait_on=(INSTALLATION, "core"),
     )  # fmt: skip
-    parking.park(task, due=now - 1)
-    assert parking.wake_due(now=now) == 0
+    delayed.schedule(entry, delay=0)
+    assert delayed.wake_due("audits", client=redis_client) == 0
     assert redis_client.llen("audits") == 0
-    ((_, due),) = redis_client.zrange(parking.PARKED_KEY, 0, -1, withscores=True)
+    ((_, due),) = delayed.entries("audits", redis_client)
     assert due >= now + 600  # back to sleep until the installation's own reset
 
-    parking.wake_due(now=due - 1)  # due within the lookahead, bucket reset by then
-    assert parking.parked_count() == 0
+    # The installation's bucket resets; the entry comes due.
+    record(healthy(INSTALLATION, "core", time.time()))
+    redis_client.zadd(delayed.delayed_key("audits"), {entry.dumps(): 0})
+    assert delayed.wake_due("audits", client=redis_client) == 1
+    assert delayed.waiting("audits") == 0
     message = json.loads(redis_client.lindex("audits", 0))
     assert message["headers"]["id"] == "t-1"
     assert message["headers"]["retries"] == 0  # no attempt spent
-    assert message["headers"][parking.DEFERRALS_HEADER] == 1
+    assert message["headers"]["plumb_deferrals"] == 1
 
 
 def test_the_observation_admin_is_read_only_and_filters_by_key_and_resource(

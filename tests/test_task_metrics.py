@@ -114,3 +114,53 @@ def test_a_worker_samples_the_backlog_once_a_minute(site, start_worker, redis_cl
         timeout=15, message="a backlog sample",
     )  # fmt: skip
     assert b"plumb_queue_backlog" in exposition()
+
+
+def product_totals() -> dict:
+    return stats("1h")["totals"]
+
+
+def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worker, beat):
+    worker = start_worker("audits")
+    # The periodic housekeeping runs, several times, with nothing to do.
+    beat("audits.requeue_stuck_audits", "audits.finish_overdue_link_checks", interval=0.2)
+    wait_for(
+        lambda: worker.output().count("task.finished") >= 6, timeout=20,
+        message="some housekeeping runs", show=[worker],
+    )  # fmt: skip
+    totals = product_totals()
+    assert (totals["completions"], totals["unique_jobs"], totals["first_attempts"]) == (0, 0, 0)
+    samples = scrape()
+    assert not [key for key in samples if key[0] == "plumb_task_attempts_total"]
+
+
+def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request_each(
+    site, start_worker, admin_client, beat
+):
+    worker = start_worker("audits", concurrency=2)
+    beat("audits.requeue_stuck_audits", "audits.finish_overdue_link_checks", interval=0.5)
+    audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(10)]
+    for audit in audits:
+        assert finished(audit, worker).status == "succeeded"
+    wait_for(
+        lambda: scrape().get(("plumb_task_completions_total", TASK)) == 10,
+        timeout=10, message="ten completions",
+    )  # fmt: skip
+
+    # /api/stats (and the dashboard, which draws the same numbers).
+    totals = admin_client.get("/api/stats").json()["totals"]
+    assert (totals["unique_jobs"], totals["downstream_requests"]) == (10, 10)
+    assert (totals["completions"], totals["amplification"]) == (10, 1.0)
+    dashboard = admin_client.get("/dashboard/").content.decode()
+    assert '<b data-total="amplification">1.0×</b>' in dashboard
+    assert '<b data-total="completions">10</b>' in dashboard
+    # The README's PromQL: downstream requests over first attempts (one per job).
+    samples = scrape()
+    requests = sum(
+        v for (name, _), v in samples.items() if name == "plumb_downstream_requests_total"
+    )
+    first_attempts = sum(
+        v for (name, _), v in samples.items() if name == "plumb_task_first_attempts_total"
+    )
+    assert (requests, first_attempts) == (10, 10)
+    assert round(requests / first_attempts, 2) == 1.00

@@ -10,9 +10,10 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from audits import submission
+from jobs.models import CircuitBreaker
 from outbound.integrations.webhook import signed_headers
 from outbound.urls import normalize_url
-from ratelimit import counters
+from tests.test_metrics import scrape
 from tests.webhook_helpers import (
     FAST_RETRIES,
     SECRET,
@@ -138,7 +139,7 @@ def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
         BREAKER_FAILURE_RATE=0.5,
         BREAKER_OPEN_SECONDS=1.0,
         BREAKER_HALF_OPEN_PROBES=1,
-        PARKED_SWEEP_INTERVAL_SECONDS=0.2,
+        DELAYED_POLL_INTERVAL_SECONDS=0.2,
         **FAST_RETRIES,
     )
     rows = [schedule(hook.url, number=n) for n in range(8)]
@@ -147,9 +148,10 @@ def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
         return all(delivery(row).status == "delivered" for row in rows)
 
     wait_for(all_delivered, timeout=60, message="every delivery", show=[worker])
-    labels = {"task": "webhooks.deliver", "host": "127.0.0.1"}
-    assert counters.read("breaker.opened", **labels) == 1
-    assert counters.read("task.parked", task="webhooks.deliver", reason="breaker") >= 5
+    breaker = CircuitBreaker.objects.get(task_name="webhooks.deliver", host="127.0.0.1")
+    assert breaker.times_opened == 1
+    parked = (("reason", "breaker_parked"), ("task", "webhooks.deliver"))
+    assert scrape()[("plumb_task_retries_total", parked)] >= 5
     # Three failures open it, then one probe per open second while it is down. Retried one
     # by one instead (every 0.1-0.5 s, eight deliveries), it would have had dozens.
     assert hook.count(503) <= 3 + 4, worker.output()

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from kombu import Connection, Exchange, Producer
 
+from jobs import delayed
 from jobs.models import DeadLetter
 from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
-from webhooks import schedule as delayed
 from webhooks.receiver import Receiver
 from webhooks.tasks import deliver_webhook
 
@@ -54,4 +54,4 @@ def test_malformed_messages_are_not_retried(start_worker, redis_client, settings
     assert "task.retry" not in log
     assert redis_client.llen("webhooks") == 0
     assert redis_client.hlen("unacked:webhooks") == 0
-    assert delayed.waiting() == 0
+    assert delayed.waiting("webhooks") == 0

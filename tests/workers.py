@@ -41,8 +41,10 @@ class WorkerProcess:
         concurrency: int | None = 1,
         pool: str | None = None,
         env: dict | None = None,
+        options: list[str] | None = None,
     ):
         self.queue = queue
+        self.options = list(options or [])
         self.name = f"test-{queue}-{uuid.uuid4().hex[:8]}"
         self.env = {
             **os.environ,
@@ -70,6 +72,7 @@ class WorkerProcess:
             command += ["--concurrency", str(self.concurrency)]
         if self.pool is not None:
             command += ["--pool", self.pool]
+        command += self.options
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,

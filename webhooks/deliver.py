@@ -28,8 +28,6 @@ log = logging.getLogger(__name__)
 EVENT_TYPE = "audit.finished"
 
 
-
-
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
     GONE = "gone"  # finished already (a duplicate message) or deleted
