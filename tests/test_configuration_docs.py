@@ -8,6 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = [
     "config",
+    "jobs",
+    "outbound",
     "audits",
     "reaudit",
     "ratelimit",

@@ -8,6 +8,7 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 
+from audits import admission
 from observability import metrics
 from observability.charts import Series, line_chart
 from observability.sampler import sample_once
@@ -75,11 +76,13 @@ def test_a_gauge_sample_is_taken_once_a_minute_and_missing_minutes_stay_empty(re
     assert backlog["waiting"][-2] is None  # no sample: no point, not a fake zero
 
 
-def test_admissions_and_refusals_are_series_with_those_made_during_backoff(redis_client):
-    metrics.record_admission("admitted", in_backoff=False, now=NOW)
-    metrics.record_admission("refused_backlog", in_backoff=True, backlog=500, now=NOW)
-    metrics.record_admission("refused_backlog", in_backoff=True, backlog=501, now=NOW)
-    hour = stats("1h", now=NOW)
+def test_admissions_and_refusals_are_series_with_those_made_during_backoff(redis_client, settings):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 1
+    assert admission.admit_submission("192.0.2.1").admitted
+    redis_client.hset("unacked:audits", "in-backoff", "m")  # an audit waiting to retry
+    assert not admission.admit_submission("192.0.2.1").admitted
+    assert not admission.admit_submission("192.0.2.2").admitted
+    hour = stats("1h")
     assert hour["series"]["admissions"]["refused_backlog"][-1] == 2
     assert hour["totals"]["admissions_in_backoff"] == {
         "admitted": 0,
@@ -129,7 +132,7 @@ def test_the_dashboard_plots_retries_vs_completions_first_then_amplification(cli
     assert 'data-series="completions"' in first_chart
     assert 'data-series="retry_attempts"' in first_chart
     assert re.search(r'data-total="amplification">4(\.0)?×', html)
-    assert "/admin/audits/audit/?status__exact=failed" in html
+    assert 'href="/admin/jobs/deadletter/"' in html
 
 
 def test_a_missing_value_breaks_the_line_instead_of_drawing_zero():

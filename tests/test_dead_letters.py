@@ -131,7 +131,7 @@ def test_replay_from_the_admin_runs_the_audit_again(site, start_worker, admin_cl
     dead = wait_for(lambda: DeadLetter.objects.first(), timeout=10, message="the dead letter")
 
     response = admin_client.post(
-        "/admin/ratelimit/deadletter/", {"action": "replay", "_selected_action": [dead.id]}
+        "/admin/jobs/deadletter/", {"action": "replay", "_selected_action": [dead.id]}
     )
     assert response.status_code == 302
 
@@ -147,7 +147,7 @@ def test_replay_from_the_admin_runs_the_audit_again(site, start_worker, admin_cl
 
     # A second replay of the same row is refused: the audit is not run twice.
     response = admin_client.post(
-        "/admin/ratelimit/deadletter/",
+        "/admin/jobs/deadletter/",
         {"action": "replay", "_selected_action": [dead.id]},
         follow=True,
     )

@@ -61,15 +61,15 @@ def test_a_finished_audit_is_not_run_again(site):
     audit = make_audit(f"{site.base_url}/noindex")
     services.execute_audit(str(audit.id))
     hits = site.hits["/noindex"]
-    assert services.execute_audit(str(audit.id)) is None
+    assert services.execute_audit(str(audit.id)) == []
     assert site.hits["/noindex"] == hits
     audit.refresh_from_db()
     assert audit.attempts == 1
 
 
 def test_an_unknown_or_malformed_audit_id_is_skipped():
-    assert services.execute_audit("6f1f5b8e-0000-4000-8000-000000000000") is None
-    assert services.execute_audit("not-a-uuid") is None
+    assert services.execute_audit("6f1f5b8e-0000-4000-8000-000000000000") == []
+    assert services.execute_audit("not-a-uuid") == []
 
 
 def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given_back(

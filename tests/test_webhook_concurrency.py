@@ -94,4 +94,4 @@ def test_one_host_gets_at_most_its_slots_across_workers_without_using_attempts(
     # Waiting for the host's slot was a deferral, not a failed attempt.
     assert {delivery(r).attempts for r in rows} == {1}
     # Six threads for two slots: some deliveries did find the host full.
-    assert any("webhook.deferred" in worker.output() for worker in workers)
+    assert any("task.deferred" in worker.output() for worker in workers)

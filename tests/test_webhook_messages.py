@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 
 import pytest
 from kombu import Connection, Exchange, Producer
 
+from config.celery_app import app
 from jobs import delayed
 from jobs.models import DeadLetter
 from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
 from webhooks.receiver import Receiver
-from webhooks.tasks import deliver_webhook
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +38,11 @@ def test_malformed_messages_are_not_retried(start_worker, redis_client, settings
     hook = Receiver().start()
     try:
         worker = start_webhooks_worker(start_worker, **FAST_RETRIES)
-        deliver_webhook.apply_async(args=["not-a-delivery-id"])
-        deliver_webhook.apply_async(args=[])
-        deliver_webhook.apply_async(args=[str(uuid.uuid4())], kwargs={"surprise": 1})
+        # As another producer would send them: send_task checks nothing before publishing.
+        send = partial(app.send_task, "webhooks.deliver", queue="webhooks")
+        send(args=["not-a-delivery-id"])
+        send(args=[])
+        send(args=[str(uuid.uuid4())], kwargs={"surprise": 1})
         publish_undecodable_body(settings.REDIS_URL)
         # A good delivery behind them: once it is through, the bad ones were received.
         row = schedule(hook.url)

@@ -7,7 +7,7 @@ import base64
 from django.utils import timezone
 
 from audits.models import Audit, Page
-from webhooks import deliver
+from webhooks import tasks
 from webhooks.models import Delivery
 
 SECRET = "whsec_" + base64.b64encode(b"plumb-test-secret-0123456789ab").decode()
@@ -32,7 +32,7 @@ def finished_audit_with_callback(url: str, *, number: int = 0) -> Audit:
 
 def schedule(url: str, *, number: int = 0) -> Delivery:
     """A finished audit's delivery, created and enqueued (outside a transaction: at once)."""
-    return deliver.schedule_delivery(finished_audit_with_callback(url, number=number).id)
+    return tasks.schedule_delivery(audit_id=finished_audit_with_callback(url, number=number).id)
 
 
 def start_webhooks_worker(start_worker, **env):

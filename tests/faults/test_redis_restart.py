@@ -79,7 +79,7 @@ def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transaction
         # What the periodic reconciler does (every minute under beat).
         requeue = subprocess.run(
             [sys.executable, "manage.py", "shell", "-c",
-             "from audits.reconcile import requeue_stuck_audits; print(requeue_stuck_audits(older_than_seconds=0))"],
+             "from audits.reconcile import requeue_stuck_audits; from audits.tasks import enqueue_audit; print(requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=0))"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert requeue.stdout.strip().splitlines()[-1] == "2", requeue.stderr
