@@ -51,7 +51,9 @@ from audits.models import Audit, Page  # noqa: E402
 from audits.tasks import run_audit  # noqa: E402
 from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
 from config.redis import LuaScript, redis_client  # noqa: E402
+from devstack.demo_site import DemoSite  # noqa: E402
 from ratelimit import submissions as admission  # noqa: E402
+from tests.workers import WorkerProcess  # noqa: E402
 
 HELD_COUNTS = (100, 100_000)
 QUEUE = settings.AUDIT_QUEUE
@@ -272,9 +274,6 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
 def bench_outage(
     client, *, max_depth: int = 20, submissions: int = 100, per_second: int = 5
 ) -> dict[str, dict]:
-    from audits.demo_site import DemoSite
-    from tests.workers import WorkerProcess
-
     counts = {
         "waiting only (LLEN x4)": waiting_only,
         "Audit rows in `retrying` (SQL COUNT) + LLEN x4": retrying_rows,

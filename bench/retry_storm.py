@@ -68,10 +68,10 @@ from audits import services  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from audits.targets import normalize_url  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
-from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from ratelimit import counters  # noqa: E402
 from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
 from ratelimit.retry import backoff_delay  # noqa: E402
+from tests.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
 POLICIES = {

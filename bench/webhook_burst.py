@@ -62,8 +62,8 @@ from config.celery_app import app  # noqa: E402
 from config.redis import redis_client  # noqa: E402
 from ratelimit.parking import parked_key  # noqa: E402
 from ratelimit.store import KEY_PREFIX  # noqa: E402
+from tests.receiver import Receiver  # noqa: E402
 from webhooks.models import Delivery  # noqa: E402
-from webhooks.receiver import Receiver  # noqa: E402
 from webhooks.tasks import deliver_webhook  # noqa: E402
 
 BENCH_PAGE = "https://bench.invalid/webhook-burst"

@@ -58,6 +58,8 @@ INSTALLED_APPS = [
     "ratelimit",
     "observability",
     "webhooks",
+    # `manage.py runstack` (make run / make demo) and the demo site: development only.
+    "devstack",
 ]
 
 MIDDLEWARE = [

@@ -12,6 +12,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from audits import services
 from audits.targets import normalize_url
 from ratelimit import counters
+from tests.receiver import Receiver
 from tests.webhook_helpers import (
     FAST_RETRIES,
     SECRET,
@@ -22,7 +23,6 @@ from tests.webhook_helpers import (
 from tests.workers import wait_for
 from webhooks.deliver import signed_headers
 from webhooks.models import Delivery
-from webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import pytest
 from kombu import Connection, Exchange, Producer
 
 from ratelimit.models import DeadLetter
+from tests.receiver import Receiver
 from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
 from webhooks import schedule as delayed
-from webhooks.receiver import Receiver
 from webhooks.tasks import deliver_webhook
 
 pytestmark = pytest.mark.slow

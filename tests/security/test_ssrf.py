@@ -7,8 +7,9 @@ import ipaddress
 import pytest
 
 from audits import targets
-from audits.demo_site import DemoSite
 from audits.fetch import PermanentFetchError, fetch_page
+from devstack import demo_site
+from devstack.demo_site import DemoSite
 
 # Every fetch reads its host's rate-limit observations, which fall back to the database.
 pytestmark = pytest.mark.django_db
@@ -51,7 +52,6 @@ def test_a_redirect_to_a_private_address_is_refused_at_that_hop(monkeypatch):
             lambda a: ipaddress.ip_address(a) == ipaddress.ip_address("127.0.0.1"),
         )
         redirecting = f"{outer.base_url}/out?to={inner.base_url}/"
-        from audits import demo_site
 
         def out(handler, query):
             handler._redirect(302, query["to"])
