@@ -42,23 +42,9 @@ def test_jitter_still_spreads_delays_at_the_cap():
     assert len({round(d, 1) for d in delays}) > 200
 
 
-@pytest.mark.parametrize(
-    ("jitter", "low", "high"),
-    [("full", 0.0, 60.0), ("equal", 30.0, 60.0), ("none", 60.0, 60.0)],
-)
-def test_other_jitters_stay_within_their_bounds_at_the_cap(jitter, low, high):
-    delays = draws(30, jitter)
-    assert min(delays) >= low
-    assert max(delays) <= high
-
-
-def test_decorrelated_jitter_piles_up_on_the_cap():
-    # Why it was not chosen (DECISIONS.md): min(cap, uniform(base, 3 * previous))
-    # clamps about two thirds of the draws to exactly the cap once previous is there.
-    delays = draws(30, "decorrelated", previous=60.0)
-    at_cap = sum(1 for d in delays if d == 60.0)
-    assert 0.6 < at_cap / DRAWS < 0.73
-    assert min(delays) >= 1.0
+def test_without_jitter_the_delay_is_the_cap_at_the_cap():
+    delays = draws(30, "none")
+    assert min(delays) == max(delays) == 60.0
 
 
 def test_a_retry_after_wins_over_the_backoff_and_is_never_truncated(settings):
