@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
+from tests.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 
 
 def main() -> int:

@@ -2,7 +2,6 @@
 """Retry storm: the old fixed retry policy against the new one, on a downstream that slows, then fails.
 
     .venv/bin/python bench/retry_storm.py                 # old vs new, about 3 minutes
-    .venv/bin/python bench/retry_storm.py --jitter-study  # + each jitter without a breaker
     .venv/bin/python bench/retry_storm.py --flush-redis --dashboard docs/images/retry-storm-dashboard.png
 
 What it starts: a downstream HTTP server on 127.0.0.1 (healthy, then slow, then answering
@@ -15,15 +14,15 @@ Each run submits the same N unique audits at a steady rate into the same downstr
 timeline and waits until every audit has finished (succeeded or dead-lettered). Runs:
 
   old     1 s doubling, no jitter, no breaker, 5 attempts
-          (RETRY_JITTER=none, BREAKER_ENABLED=false)
+          (RETRY_JITTER=false, BREAKER_ENABLED=false)
   new     the defaults: jittered backoff, breaker per task type and host, 5 attempts
 
 Reported per run, all from the downstream's own request log and the database: requests
 per unique job, retries (requests beyond each job's first) as their own count, jobs
 that succeeded, time until the backlog drained, and the peak requests in any one second,
 over the whole run and after the outage. Before the runs it also prints how each jitter
-spreads a cohort of retries that failed at the same instant (computed from the policy's
-own function, no workers).
+spreads a cohort of retries that failed at the same instant, without workers: Plumb's
+own (jobs.policy.delay) and none, against the variants it did not choose (bench/jitter.py).
 
 With --dashboard FILE the runs share one dashboard: the metrics (`metrics:*` keys) are
 kept between runs, the runs are --gap seconds apart (default 240) so each has its own
@@ -63,24 +62,22 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
-from ratelimit.retry import backoff_delay  # noqa: E402
 
-from audits import (
-    submission,
-)
+from audits import submission  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
+from bench import jitter  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
-from observability.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
+from jobs.models import CircuitBreaker, DeadLetter  # noqa: E402
+from jobs.policy import RetryPolicy, delay, exponential  # noqa: E402
+from observability.metrics import TASK_RETRIES, read_counter  # noqa: E402
 from outbound.urls import normalize_url  # noqa: E402
-from ratelimit import counters  # noqa: E402
-from ratelimit.models import CircuitBreaker, DeadLetter  # noqa: E402
+from tests.screenshot import dashboard_page, missing_browser, screenshot  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
 POLICIES = {
-    "old": {"RETRY_JITTER": "none", "BREAKER_ENABLED": "false"},
+    "old": {"RETRY_JITTER": "false", "BREAKER_ENABLED": "false"},
     "new": {},
 }
-JITTERS = ["full", "equal", "decorrelated", "multiplicative"]
 COMMON_WORKER_ENV = {
     "RETRY_BACKOFF_BASE_SECONDS": "1",
     "AUDIT_MAX_ATTEMPTS": "5",
@@ -174,8 +171,14 @@ def reset_state(client: redis.Redis, *, keep_metrics: bool = False) -> None:
         model.objects.all().delete()
 
 
+def breaker_parks() -> float:
+    """Audits parked by an open breaker so far (plumb_task_retries_total{reason=breaker_parked})."""
+    return read_counter(TASK_RETRIES).get(("audits.run_audit", "breaker_parked"), 0.0)
+
+
 def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
     reset_state(client, keep_metrics=bool(args.dashboard))
+    parks_before = breaker_parks()
     downstream = Downstream(args)
     threading.Thread(target=downstream.serve_forever, daemon=True).start()
     workers = [
@@ -228,12 +231,12 @@ def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
         drain_seconds=round(drained, 1),
         peak_per_second=max(per_second.values()),
         peak_per_second_after_outage=max(after, default=0),
-        parked=sum(
-            counters.read("task.parked", task="audits.run_audit", reason=reason)
-            for reason in ("breaker", "retry")
+        parked=int(breaker_parks() - parks_before),
+        breaker_opened=sum(
+            CircuitBreaker.objects.filter(task_name="audits.run_audit").values_list(
+                "times_opened", flat=True
+            )
         ),
-        breaker_opened=counters.read("breaker.opened", task="audits.run_audit", host="127.0.0.1")
-        + counters.read("breaker.reopened", task="audits.run_audit", host="127.0.0.1"),
         succeeded_jobs=succeeded,
         requests_by_second=[per_second.get(s, 0) for s in range(max(per_second) + 1)],
     )
@@ -267,20 +270,23 @@ def cohort_spread(cohort: int = 1000) -> list[dict]:
     rows = []
     rng = random.Random(42)
     base, cap = 1.0, 60.0
+    policy = RetryPolicy(backoff_base=lambda: base, backoff_max=lambda: cap)
+    jitters = {
+        "none": lambda step, **_: exponential(step, base=base, cap=cap),
+        **jitter.VARIANTS,
+        "multiplicative": lambda step, rng, **_: delay(policy, step=step, rng=rng),
+    }
     for attempt, label in [(3, "attempt 3 (4 s)"), (5, "attempt 5 (16 s)"), (30, "at the cap")]:
-        for jitter in ["none", *JITTERS]:
+        for name, draw in jitters.items():
             previous = min(cap, base * 2 ** (attempt - 2))
             delays = [
-                backoff_delay(
-                    attempt, base=base, cap=cap, jitter=jitter, previous=previous, rng=rng
-                )
-                for _ in range(cohort)
+                draw(attempt, base=base, cap=cap, previous=previous, rng=rng) for _ in range(cohort)
             ]
-            buckets = Counter(int(delay) for delay in delays)
+            buckets = Counter(int(wait) for wait in delays)
             rows.append(
                 {
                     "when": label,
-                    "jitter": jitter,
+                    "jitter": name,
                     "peak_in_one_second": max(buckets.values()),
                     "mean_delay": round(sum(delays) / cohort, 1),
                     "shortest": round(min(delays), 2),
@@ -318,7 +324,6 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="worker processes groups")
     parser.add_argument("--concurrency", type=int, default=8, help="pool processes per worker")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to drain, per run")
-    parser.add_argument("--jitter-study", action="store_true", help="also each jitter, no breaker")
     parser.add_argument("--only", choices=sorted(POLICIES), help="run one policy (no comparison)")
     parser.add_argument("--flush-redis", action="store_true", help="empty a Redis that has keys")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -350,9 +355,6 @@ def main() -> int:
     connection.settings_dict.setdefault("TEST", {})["NAME"] = bench_name
     old_config = setup_databases(verbosity=0, interactive=False)
     runs = {args.only: POLICIES[args.only]} if args.only else dict(POLICIES)
-    if args.jitter_study:
-        for jitter in JITTERS:
-            runs[f"{jitter}, no breaker"] = {"RETRY_JITTER": jitter, "BREAKER_ENABLED": "false"}
     results: list[RunResult] = []
     try:
         for number, (name, env) in enumerate(runs.items()):

@@ -424,7 +424,7 @@ def main() -> int:
         from django.conf import settings
         from django.core.management import call_command
 
-        from audits.management.commands.runstack import stack_commands
+        from devstack.management.commands.runstack import stack_commands
 
         redis.Redis.from_url(redis_url).flushdb()
         call_command("migrate", interactive=False, verbosity=0)

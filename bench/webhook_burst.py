@@ -56,14 +56,13 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from ratelimit.parking import parked_key  # noqa: E402
-from ratelimit.store import KEY_PREFIX  # noqa: E402
 
 from audits.models import Audit, Page  # noqa: E402
 from config.celery_app import app  # noqa: E402
 from config.redis import redis_client  # noqa: E402
+from jobs import breakers, delayed  # noqa: E402
+from tests.receiver import Receiver  # noqa: E402
 from webhooks.models import Delivery  # noqa: E402
-from webhooks.receiver import Receiver  # noqa: E402
 from webhooks.tasks import deliver_webhook  # noqa: E402
 
 BENCH_PAGE = "https://bench.invalid/webhook-burst"
@@ -82,23 +81,19 @@ PHASES = {
     "plumb": {},
 }
 POOL_TIMEOUT_MARK = "couldn't get a connection"
-RETRY_LINE = re.compile(
-    r"^(\S+) INFO ratelimit\.retry task\.retry .*? delay_seconds=([\d.]+)", re.M
-)
+RETRY_LINE = re.compile(r"^(\S+) INFO jobs\.task task\.retry .*? delay_seconds=([\d.]+)", re.M)
 # A delivery parked by the destination's open breaker comes back when its delay is up.
-PARKED_LINE = re.compile(
-    r"^(\S+) INFO ratelimit\.parking task\.parked .*? delay_seconds=([\d.]+)", re.M
-)
+PARKED_LINE = re.compile(r"^(\S+) INFO jobs\.task task\.parked .*? delay_seconds=([\d.]+)", re.M)
 
 
 def reset() -> None:
     Audit.objects.filter(page__url=BENCH_PAGE).delete()  # cascades to deliveries
     client = redis_client()
-    keys = [settings.WEBHOOK_QUEUE, "webhooks:delayed"]
-    keys += [f"{k}:{settings.WEBHOOK_QUEUE}" for k in ("unacked", "unacked_index", "unacked_mutex")]
-    keys += list(client.scan_iter("webhooks:host-slots:*"))
-    keys += [parked_key(settings.WEBHOOK_QUEUE)]
-    keys += list(client.scan_iter(f"{KEY_PREFIX}breaker*:{deliver_webhook.name}:*"))
+    queue = settings.WEBHOOK_QUEUE
+    keys = [queue, delayed.delayed_key(queue), delayed.leased_key(queue)]
+    keys += [f"{k}:{queue}" for k in ("unacked", "unacked_index", "unacked_mutex")]
+    keys += list(client.scan_iter("hostslots:webhooks:*"))
+    keys += list(client.scan_iter(f"{breakers.KEY_PREFIX}{deliver_webhook.name}:*"))
     client.delete(*keys)
 
 

@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "audits",
     "reaudit",
     "webhooks",
+    # `manage.py runstack` (make run / make demo) and the demo site: development only.
+    "devstack",
 ]
 
 MIDDLEWARE = [
@@ -206,8 +208,8 @@ QUEUE_VISIBILITY_TIMEOUTS = {
 
 CELERY_BROKER_URL = REDIS_URL
 # kombu's Redis transport, with a queue entry that is not a message envelope
-# dead-lettered instead of stopping the worker (ratelimit/transport.py).
-CELERY_BROKER_TRANSPORT = "ratelimit.transport:Transport"
+# dead-lettered instead of stopping the worker (jobs/transport.py).
+CELERY_BROKER_TRANSPORT = "jobs.transport:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AUDITS_VISIBILITY_TIMEOUT_SECONDS}
 CELERY_TASK_DEFAULT_QUEUE = AUDIT_QUEUE

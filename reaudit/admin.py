@@ -7,6 +7,7 @@ from django.utils.html import format_html
 from audits.models import Audit
 from reaudit import services
 from reaudit.models import FanOut, Placement, SliceRun
+from reaudit.tasks import NIGHT_TASKS
 
 
 def _count(rows):
@@ -90,7 +91,11 @@ class FanOutAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume: republish the next slice of the selected nights")
     def resume_selected(self, request, queryset):
-        resumed = [night.day for night in queryset if services.resume(night) is not None]
+        resumed = [
+            night.day
+            for night in queryset
+            if services.resume(night, night_tasks=NIGHT_TASKS) is not None
+        ]
         self.message_user(
             request,
             f"Resumed {len(resumed)} night(s): {', '.join(map(str, resumed)) or 'none open'}.",

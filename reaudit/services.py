@@ -6,6 +6,9 @@ with ETAs at most one slice ahead, then schedules the next slice, so no broker m
 ever waits hours: a worker holds at most about one slice of placements
 (DECISIONS.md, "Re-audit"). A placement, when it fires, creates the audit and
 enqueues it on `audits` with no delay.
+
+What publishes takes the tasks it publishes as `night_tasks` (reaudit.tasks.NIGHT_TASKS):
+reaudit.tasks runs these functions, so this module cannot import it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from itertools import islice
 
+from celery import Task
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -38,6 +42,14 @@ def placement_key(page_id: int, day: date) -> str:
 
 
 @dataclass(frozen=True)
+class NightTasks:
+    """The tasks a night's chain publishes: a slice, and a placement when it is due."""
+
+    publish_slice: Task
+    place: Task
+
+
+@dataclass(frozen=True)
 class FanOutResult:
     fan_out: FanOut
     created: bool
@@ -47,6 +59,7 @@ class FanOutResult:
 def fan_out(
     day: date | None = None,
     *,
+    night_tasks: NightTasks,
     window_seconds: int | None = None,
     slice_seconds: int | None = None,
     spacing_seconds: float | None = None,
@@ -61,7 +74,8 @@ def fan_out(
     day = day or timezone.now().date()
     existing = FanOut.objects.filter(day=day).first()
     if existing is not None:
-        return FanOutResult(existing, created=False, resumed_slice=resume(existing))
+        resumed = resume(existing, night_tasks=night_tasks)
+        return FanOutResult(existing, created=False, resumed_slice=resumed)
 
     window = window_seconds or settings.REAUDIT_WINDOW_SECONDS
     slice_length = slice_seconds or settings.REAUDIT_SLICE_SECONDS
@@ -99,7 +113,7 @@ def fan_out(
         night.window_start = timezone.now()
         night.save(update_fields=["pages", "slice_sizes", "window_start"])
         planned = night.window_start
-        transaction.on_commit(lambda: schedule_slice(day, 0, planned_at=planned))
+        transaction.on_commit(lambda: schedule_slice(night_tasks, day, 0, planned_at=planned))
 
     log.info(
         "reaudit.fanned_out",
@@ -147,11 +161,9 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-def schedule_slice(day: date, index: int, *, planned_at: datetime) -> None:
+def schedule_slice(night_tasks: NightTasks, day: date, index: int, *, planned_at: datetime) -> None:
     """Publish slice `index` of `day` to start at `planned_at` (at most one slice ahead)."""
-    from reaudit.tasks import publish_slice
-
-    publish_slice.apply_async(
+    night_tasks.publish_slice.apply_async(
         args=[day.isoformat(), index, planned_at.isoformat()],
         eta=planned_at,
         task_id=f"reaudit-slice-{day.isoformat()}-{index}",
@@ -159,7 +171,9 @@ def schedule_slice(day: date, index: int, *, planned_at: datetime) -> None:
     )
 
 
-def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | None:
+def publish_slice(
+    day: date, index: int, planned_at: datetime, *, night_tasks: NightTasks
+) -> SliceRun | None:
     """Publish slice `index`'s placements once, then schedule the next slice once.
 
     Runs under a lock on the slice's row, so a duplicate delivery (a redelivery,
@@ -184,7 +198,7 @@ def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | Non
             defaults={"planned_at": planned_at, "starts_at": max(planned_at, timezone.now())},
         )
         if run.published_at is None:
-            run.placements = _publish_placements(night, run)
+            run.placements = _publish_placements(night_tasks, night, run)
             run.published_at = timezone.now()
             run.save(update_fields=["placements", "published_at"])
             log.info(
@@ -199,7 +213,7 @@ def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | Non
         if run.next_scheduled_at is None:
             if index + 1 < night.slice_count:
                 next_start = run.starts_at + timedelta(seconds=night.slice_seconds)
-                schedule_slice(day, index + 1, planned_at=next_start)
+                schedule_slice(night_tasks, day, index + 1, planned_at=next_start)
             else:
                 FanOut.objects.filter(id=night.id, finished_at=None).update(
                     finished_at=timezone.now()
@@ -209,7 +223,7 @@ def publish_slice(day: date, index: int, planned_at: datetime) -> SliceRun | Non
     return run
 
 
-def _publish_placements(night: FanOut, run: SliceRun) -> int:
+def _publish_placements(night_tasks: NightTasks, night: FanOut, run: SliceRun) -> int:
     """Publish the slice's unfired placements, each due at its offset, pipelined.
 
     One producer, and kombu's publish batch: a message's Redis commands (an LPUSH
@@ -217,27 +231,26 @@ def _publish_placements(night: FanOut, run: SliceRun) -> int:
     instead of two round trips a message (BENCHMARKS.md: 3,000 placements in
     about a third of the time).
     """
-    from reaudit.tasks import place
-
     placements = (
         Placement.objects.filter(fan_out=night, slice_index=run.index, fired_at=None)
         .values_list("page_id", "offset_seconds")
         .iterator(chunk_size=BATCH_SIZE)
     )
     published = 0
-    with place.app.producer_or_acquire() as producer, producer.batch(max_size=BATCH_SIZE):
+    app = night_tasks.place.app
+    with app.producer_or_acquire() as producer, producer.batch(max_size=BATCH_SIZE):
         for page_id, offset in placements:
             _publish_placement(
-                page_id, night.day, eta=due_time(night, run, offset), producer=producer
+                night_tasks, page_id, night.day, eta=due_time(night, run, offset), producer=producer
             )
             published += 1
     return published
 
 
-def _publish_placement(page_id: int, day: date, *, eta: datetime | None, producer=None) -> None:
-    from reaudit.tasks import place
-
-    place.apply_async(
+def _publish_placement(
+    night_tasks: NightTasks, page_id: int, day: date, *, eta: datetime | None, producer=None
+) -> None:
+    night_tasks.place.apply_async(
         args=[page_id, day.isoformat()],
         task_id=placement_key(page_id, day),
         eta=eta,
@@ -265,7 +278,7 @@ def _next_slice(night: FanOut) -> tuple[int, datetime] | None:
     return (index, planned) if index < night.slice_count else None
 
 
-def resume(night: FanOut) -> int | None:
+def resume(night: FanOut, *, night_tasks: NightTasks) -> int | None:
     """Make sure an open night's slice chain is moving: (re)publish its next slice.
 
     Harmless when the chain is alive (the duplicate finds the slice done and the
@@ -276,7 +289,7 @@ def resume(night: FanOut) -> int | None:
     if waiting_for is None:
         return None
     index, planned = waiting_for
-    schedule_slice(night.day, index, planned_at=planned)
+    schedule_slice(night_tasks, night.day, index, planned_at=planned)
     log.info("reaudit.resumed", extra={"day": night.day.isoformat(), "slice": index})
     return index
 
@@ -287,7 +300,7 @@ class CatchUp:
     republished: int
 
 
-def catch_up(now: datetime | None = None) -> CatchUp:
+def catch_up(now: datetime | None = None, *, night_tasks: NightTasks) -> CatchUp:
     """Recover what the broker lost: a stalled slice chain, placements that never fired.
 
     A message a dead worker held comes back by itself once it has been unacked
@@ -307,8 +320,8 @@ def catch_up(now: datetime | None = None) -> CatchUp:
     for night in nights:
         waiting_for = _next_slice(night)
         if waiting_for is not None and waiting_for[1] + grace < now:
-            resumed.append((night.day, resume(night)))
-        republished += _republish_lost_placements(night, overdue_before=now - grace)
+            resumed.append((night.day, resume(night, night_tasks=night_tasks)))
+        republished += _republish_lost_placements(night_tasks, night, overdue_before=now - grace)
     if resumed or republished:
         log.warning(
             "reaudit.caught_up",
@@ -317,7 +330,9 @@ def catch_up(now: datetime | None = None) -> CatchUp:
     return CatchUp(resumed=resumed, republished=republished)
 
 
-def _republish_lost_placements(night: FanOut, *, overdue_before: datetime) -> int:
+def _republish_lost_placements(
+    night_tasks: NightTasks, night: FanOut, *, overdue_before: datetime
+) -> int:
     runs = {run.index: run for run in night.slice_runs.filter(published_at__lt=overdue_before)}
     if not runs:
         return 0
@@ -330,7 +345,7 @@ def _republish_lost_placements(night: FanOut, *, overdue_before: datetime) -> in
     republished = 0
     for page_id, index, offset in unfired:
         if due_time(night, runs[index], offset) < overdue_before:
-            _publish_placement(page_id, night.day, eta=None)
+            _publish_placement(night_tasks, page_id, night.day, eta=None)
             republished += 1
     return republished
 

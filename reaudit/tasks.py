@@ -1,4 +1,8 @@
-"""The re-audit's tasks, all on the `reaudit` queue; the work is in reaudit.services."""
+"""The re-audit's tasks, all on the `reaudit` queue; the work is in reaudit.services.
+
+A night's chain publishes these tasks (a slice publishes the next slice and its
+placements), so the services that publish are handed them as NIGHT_TASKS.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +38,11 @@ class ReauditTask(PlumbTask):
     queue=settings.REAUDIT_QUEUE,
 )
 def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
-    services.fan_out(date.fromisoformat(day) if day else None, window_seconds=window_seconds)
+    services.fan_out(
+        date.fromisoformat(day) if day else None,
+        window_seconds=window_seconds,
+        night_tasks=NIGHT_TASKS,
+    )
 
 
 @shared_task(
@@ -43,7 +51,12 @@ def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     queue=settings.REAUDIT_QUEUE,
 )
 def publish_slice(day: str, index: int, planned_at: str) -> None:
-    services.publish_slice(date.fromisoformat(day), index, datetime.fromisoformat(planned_at))
+    services.publish_slice(
+        date.fromisoformat(day),
+        index,
+        datetime.fromisoformat(planned_at),
+        night_tasks=NIGHT_TASKS,
+    )
 
 
 @shared_task(
@@ -55,10 +68,13 @@ def place(page_id: int, day: str) -> None:
     services.fire_placement(page_id, date.fromisoformat(day))
 
 
+NIGHT_TASKS = services.NightTasks(publish_slice=publish_slice, place=place)
+
+
 @shared_task(
     base=ReauditTask,
     name="reaudit.catch_up",
     queue=settings.REAUDIT_QUEUE,
 )
 def catch_up() -> None:
-    services.catch_up()
+    services.catch_up(night_tasks=NIGHT_TASKS)

@@ -4,7 +4,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from audits.demo_site import DemoSite
+from devstack.demo_site import DemoSite
 from tests.workers import WorkerProcess
 
 

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from audits.models import Audit
-from observability.screenshot import dashboard_page, missing_browser, screenshot
+from tests.screenshot import dashboard_page, missing_browser, screenshot
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow

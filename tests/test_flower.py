@@ -10,8 +10,8 @@ import httpx
 import pytest
 from django.conf import settings
 
-from audits.management.commands.runstack import flower_basic_auth
 from config.devservices import free_port
+from devstack.management.commands.runstack import flower_basic_auth
 from tests.workers import ROOT, wait_for
 
 

@@ -19,6 +19,7 @@ from audits.models import Audit, Page
 from reaudit import services
 from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.offsets import domain_offset
+from reaudit.tasks import NIGHT_TASKS
 from tests.broker import queued
 from tests.reaudit_factories import DAY, domain_due_between, make_pages
 from tests.workers import ROOT
@@ -30,7 +31,7 @@ WINDOW, SLICE, SPACING = 3600, 600, 10.0
 
 def run_fan_out(**overrides):
     options = {"window_seconds": WINDOW, "slice_seconds": SLICE, "spacing_seconds": SPACING}
-    return services.fan_out(DAY, **{**options, **overrides})
+    return services.fan_out(DAY, night_tasks=NIGHT_TASKS, **{**options, **overrides})
 
 
 def slice_messages(redis_client):
@@ -96,7 +97,7 @@ def test_a_slice_publishes_its_own_placements_each_due_at_its_offset(redis_clien
     night = run_fan_out().fan_out
     redis_client.delete("reaudit")
 
-    run = services.publish_slice(DAY, 0, night.window_start)
+    run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
 
     assert run.placements == 3
     # On time: the slice starts when its task runs, a moment after it was planned.
@@ -118,8 +119,8 @@ def test_a_slice_delivered_twice_publishes_once_and_schedules_the_next_once(redi
     night = run_fan_out().fan_out
     redis_client.delete("reaudit")
 
-    services.publish_slice(DAY, 0, night.window_start)
-    services.publish_slice(DAY, 0, night.window_start)
+    services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
+    services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
 
     assert len(placement_messages(redis_client)) == 2
     assert len(slice_messages(redis_client)) == 1
@@ -136,7 +137,7 @@ def test_a_late_slice_shifts_the_rest_of_the_night_instead_of_bursting(redis_cli
     planned = night.window_start + timedelta(seconds=SLICE)
     before = timezone.now()
 
-    run = services.publish_slice(DAY, 1, planned)
+    run = services.publish_slice(DAY, 1, planned, night_tasks=NIGHT_TASKS)
 
     assert run.late_seconds >= 3000
     etas = sorted(m.eta for m in placement_messages(redis_client))
@@ -152,24 +153,33 @@ def test_a_late_slice_shifts_the_rest_of_the_night_instead_of_bursting(redis_cli
 def test_the_last_slice_finishes_the_night(redis_client):
     make_pages({"a.test": 1})
     night = run_fan_out(window_seconds=SLICE * 2).fan_out
-    services.publish_slice(DAY, 0, night.window_start)
+    services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     redis_client.delete("reaudit")
 
-    services.publish_slice(DAY, 1, night.window_start + timedelta(seconds=SLICE))
+    services.publish_slice(
+        DAY, 1, night.window_start + timedelta(seconds=SLICE), night_tasks=NIGHT_TASKS
+    )
 
     night.refresh_from_db()
     assert night.finished_at is not None
     assert slice_messages(redis_client) == []
-    assert services.resume(night) is None
+    assert services.resume(night, night_tasks=NIGHT_TASKS) is None
 
 
 def test_a_superseded_night_publishes_no_further_slice(redis_client):
     make_pages({"a.test": 2})
     old = run_fan_out().fan_out
-    services.fan_out(DAY + timedelta(days=1), window_seconds=WINDOW, slice_seconds=SLICE)
+    services.fan_out(
+        DAY + timedelta(days=1), window_seconds=WINDOW, slice_seconds=SLICE, night_tasks=NIGHT_TASKS
+    )
     redis_client.delete("reaudit")
 
-    assert services.publish_slice(DAY, 1, old.window_start + timedelta(seconds=SLICE)) is None
+    assert (
+        services.publish_slice(
+            DAY, 1, old.window_start + timedelta(seconds=SLICE), night_tasks=NIGHT_TASKS
+        )
+        is None
+    )
 
     old.refresh_from_db()
     assert old.superseded_at is not None
@@ -179,7 +189,7 @@ def test_a_superseded_night_publishes_no_further_slice(redis_client):
 def test_resume_republishes_the_slice_a_lost_chain_was_waiting_for(redis_client):
     make_pages({"a.test": 2})
     night = run_fan_out().fan_out
-    first = services.publish_slice(DAY, 0, night.window_start)
+    first = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     redis_client.delete("reaudit")  # the chain's message is lost
 
     assert run_fan_out().resumed_slice == 1
@@ -193,15 +203,18 @@ def test_catch_up_republishes_placements_the_broker_lost_once_overdue(redis_clie
     settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10  # overdue 15 s after they were due
     make_pages({domain_due_between(0, 200, window=WINDOW): 3})
     night = run_fan_out().fan_out
-    run = services.publish_slice(DAY, 0, night.window_start)
+    run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     last_due = max(m.eta for m in placement_messages(redis_client))
     redis_client.delete("reaudit")  # lost: a worker killed between BRPOP and recording them
 
     # 14 s after the last was due: the two due 10 and 20 s earlier are overdue, it is not yet.
-    assert services.catch_up(now=last_due + timedelta(seconds=14)).republished == 2
+    assert (
+        services.catch_up(now=last_due + timedelta(seconds=14), night_tasks=NIGHT_TASKS).republished
+        == 2
+    )
 
     redis_client.delete("reaudit")
-    caught = services.catch_up(now=last_due + timedelta(seconds=16))
+    caught = services.catch_up(now=last_due + timedelta(seconds=16), night_tasks=NIGHT_TASKS)
     assert (caught.republished, caught.resumed) == (3, [])
     republished = placement_messages(redis_client)
     assert sorted(m.id for m in republished) == sorted(
@@ -215,12 +228,17 @@ def test_catch_up_restarts_a_slice_chain_whose_next_slice_is_overdue(redis_clien
     settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
     make_pages({"a.test": 2})
     night = run_fan_out().fan_out
-    run = services.publish_slice(DAY, 0, night.window_start)
+    run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     redis_client.delete("reaudit")  # the message of slice 1 is gone
     next_start = run.starts_at + timedelta(seconds=SLICE)
 
-    assert services.catch_up(now=next_start + timedelta(seconds=14)).resumed == []
-    assert services.catch_up(now=next_start + timedelta(seconds=16)).resumed == [(DAY, 1)]
+    assert (
+        services.catch_up(now=next_start + timedelta(seconds=14), night_tasks=NIGHT_TASKS).resumed
+        == []
+    )
+    assert services.catch_up(
+        now=next_start + timedelta(seconds=16), night_tasks=NIGHT_TASKS
+    ).resumed == [(DAY, 1)]
 
     (message,) = slice_messages(redis_client)
     assert (message.args[1], message.eta) == (1, next_start)
@@ -230,12 +248,14 @@ def test_catch_up_finds_nothing_on_a_healthy_night(redis_client, settings):
     settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
     pages = make_pages({domain_due_between(0, 200, window=WINDOW): 2, "b.test": 3})
     night = run_fan_out().fan_out
-    run = services.publish_slice(DAY, 0, night.window_start)
+    run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     for page in pages[:2]:
         services.fire_placement(page.id, DAY)
     redis_client.delete("reaudit")
 
-    caught = services.catch_up(now=run.starts_at + timedelta(seconds=SLICE - 1))
+    caught = services.catch_up(
+        now=run.starts_at + timedelta(seconds=SLICE - 1), night_tasks=NIGHT_TASKS
+    )
 
     assert (caught.resumed, caught.republished) == ([], 0)
     assert queued(redis_client, "reaudit") == []
@@ -283,14 +303,21 @@ def test_count_scheduled_counts_every_unfired_placement_of_the_current_night(
 
     # Four left, although only slice 0 has been published.
     assert scheduled == 4
-    services.fan_out(DAY + timedelta(days=1), window_seconds=WINDOW, slice_seconds=SLICE)
+    services.fan_out(
+        DAY + timedelta(days=1), window_seconds=WINDOW, slice_seconds=SLICE, night_tasks=NIGHT_TASKS
+    )
     assert services.count_scheduled() == 5
 
 
 def test_a_fan_out_prunes_the_placements_of_nights_before_yesterday(redis_client):
     make_pages({"a.test": 2})
     for days in range(3):
-        services.fan_out(DAY + timedelta(days=days), window_seconds=WINDOW, slice_seconds=SLICE)
+        services.fan_out(
+            DAY + timedelta(days=days),
+            window_seconds=WINDOW,
+            slice_seconds=SLICE,
+            night_tasks=NIGHT_TASKS,
+        )
 
     kept = set(Placement.objects.values_list("fan_out__day", flat=True))
     assert kept == {DAY + timedelta(days=1), DAY + timedelta(days=2)}
@@ -374,7 +401,7 @@ def test_a_reaudit_hour_outside_the_day_refuses_to_start():
 def test_the_admin_shows_a_nights_progress_and_its_placements(redis_client, admin_client):
     pages = make_pages({domain_due_between(0, 200, window=WINDOW): 2, "b.test": 2})
     night = run_fan_out().fan_out
-    services.publish_slice(DAY, 0, night.window_start)
+    services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     services.fire_placement(pages[0].id, DAY)
 
     nights = admin_client.get("/admin/reaudit/fanout/")

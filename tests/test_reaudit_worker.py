@@ -12,7 +12,7 @@ from django.utils import timezone
 from audits.models import Audit
 from reaudit import services
 from reaudit.models import FanOut, Placement, SliceRun
-from reaudit.tasks import catch_up, place
+from reaudit.tasks import NIGHT_TASKS, catch_up, place
 from tests.broker import backlog, held, queued
 from tests.reaudit_factories import DAY, domain_due_between, due_at, make_pages
 from tests.workers import wait_for
@@ -61,7 +61,9 @@ def test_a_short_night_places_every_page_once_spaced_and_each_at_or_after_its_of
     start_worker("audits", concurrency=2)
     reaudit = start_worker("reaudit")
 
-    night = services.fan_out(DAY, window_seconds=6, slice_seconds=2, spacing_seconds=1).fan_out
+    night = services.fan_out(
+        DAY, window_seconds=6, slice_seconds=2, spacing_seconds=1, night_tasks=NIGHT_TASKS
+    ).fan_out
     assert not Audit.objects.filter(created_at__lt=night.window_start).exists()
 
     wait_until_all_fired(night, reaudit)
@@ -97,8 +99,12 @@ def test_a_second_fan_out_and_a_placement_delivered_twice_leave_one_audit_per_pa
     pages = make_pages({"alpha.test": 2, "beta.test": 2})
     reaudit = start_worker("reaudit")
 
-    night = services.fan_out(DAY, window_seconds=3, slice_seconds=1, spacing_seconds=0.5).fan_out
-    assert not services.fan_out(DAY, window_seconds=3, slice_seconds=1).created  # a second beat
+    night = services.fan_out(
+        DAY, window_seconds=3, slice_seconds=1, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
+    ).fan_out
+    assert not services.fan_out(
+        DAY, window_seconds=3, slice_seconds=1, night_tasks=NIGHT_TASKS
+    ).created  # a second beat
     duplicated = Placement.objects.get(fan_out=night, page=pages[0])
     for _ in range(2):  # as a redelivery would: the same placement, task id and ETA
         place.apply_async(
@@ -137,7 +143,11 @@ def test_placements_due_hours_ahead_are_not_in_the_audit_backlog_nor_held_by_a_w
     reaudit = start_worker("reaudit")
 
     night = services.fan_out(
-        DAY, window_seconds=window, slice_seconds=slice_seconds, spacing_seconds=10
+        DAY,
+        window_seconds=window,
+        slice_seconds=slice_seconds,
+        spacing_seconds=10,
+        night_tasks=NIGHT_TASKS,
     ).fan_out
     assert services.count_scheduled() == 101
 
@@ -170,7 +180,9 @@ def test_a_sigkilled_reaudit_worker_loses_no_placement(start_worker, redis_clien
     make_pages({"alpha.test": 4, "beta.test": 4, "gamma.test": 4})
     doomed = start_worker("reaudit", env=env)
 
-    night = services.fan_out(DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5).fan_out
+    night = services.fan_out(
+        DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
+    ).fan_out
     wait_for(
         lambda: any(m.task == "reaudit.place" for m in held(redis_client, "reaudit")),
         timeout=20,
@@ -194,7 +206,9 @@ def test_a_stopped_reaudit_worker_puts_its_placements_back_and_the_missed_slice_
     make_pages({"alpha.test": 4, "beta.test": 4, "gamma.test": 4})
     first = start_worker("reaudit")
 
-    night = services.fan_out(DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5).fan_out
+    night = services.fan_out(
+        DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
+    ).fan_out
     wait_for(
         lambda: any(m.task == "reaudit.place" for m in held(redis_client, "reaudit")),
         timeout=20,

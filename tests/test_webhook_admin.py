@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
+from tests.receiver import Receiver
 from tests.webhook_helpers import (
     FAST_RETRIES,
     SECRET,
@@ -13,7 +14,6 @@ from tests.webhook_helpers import (
     start_webhooks_worker,
 )
 from tests.workers import wait_for
-from webhooks.receiver import Receiver
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from tests.receiver import Receiver
 from tests.webhook_helpers import delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
 from webhooks.models import Delivery
-from webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.slow
 

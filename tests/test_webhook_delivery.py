@@ -13,6 +13,7 @@ from audits import submission
 from jobs.models import CircuitBreaker
 from outbound.integrations.webhook import signed_headers
 from outbound.urls import normalize_url
+from tests.receiver import Receiver
 from tests.test_metrics import scrape
 from tests.webhook_helpers import (
     FAST_RETRIES,
@@ -23,7 +24,6 @@ from tests.webhook_helpers import (
 )
 from tests.workers import wait_for
 from webhooks.models import Delivery
-from webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.slow
 

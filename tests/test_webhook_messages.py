@@ -12,9 +12,9 @@ from kombu import Connection, Exchange, Producer
 from config.celery_app import app
 from jobs import delayed
 from jobs.models import DeadLetter
+from tests.receiver import Receiver
 from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
-from webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.slow
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.receiver import Receiver
 from tests.webhook_helpers import delivery, schedule, start_webhooks_worker
 from tests.workers import wait_for
-from webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.slow
 

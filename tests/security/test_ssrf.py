@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from audits import demo_site
-from audits.demo_site import DemoSite
+from devstack import demo_site
+from devstack.demo_site import DemoSite
 from jobs.errors import Permanent
 from outbound import guard
 from outbound.integrations.page import fetch_page

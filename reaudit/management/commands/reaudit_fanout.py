@@ -7,6 +7,7 @@ from datetime import date
 from django.core.management import BaseCommand, CommandError
 
 from reaudit import services
+from reaudit.tasks import NIGHT_TASKS
 
 
 def _day(value: str) -> date:
@@ -34,7 +35,7 @@ class Command(BaseCommand):
     def handle(self, *args, day: date | None, window: int | None, **options):
         if window is not None and window < 1:
             raise CommandError("--window must be at least 1 second")
-        result = services.fan_out(day, window_seconds=window)
+        result = services.fan_out(day, window_seconds=window, night_tasks=NIGHT_TASKS)
         night = result.fan_out
         if result.created:
             sizes = night.slice_sizes

@@ -1,7 +1,7 @@
 """Log in to a running Plumb as staff and photograph its dashboard in headless Chromium.
 
-Used by the browser test and by `bench/dashboard_screenshot.py`. Needs the dev extra
-(playwright) and Debian's chromium; Playwright's own browser downloads are never used.
+Used by the browser test, `bench/dashboard_screenshot.py` and `bench/retry_storm.py`. Needs the
+dev extra (playwright) and Debian's chromium; Playwright's own browser downloads are never used.
 """
 
 from __future__ import annotations
@@ -10,6 +10,11 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the dev extra is not installed: missing_browser() says so
+    sync_playwright = None
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -24,9 +29,7 @@ CHROMIUM_ARGS = [
 
 def missing_browser() -> str | None:
     """Why a screenshot cannot be taken here, or None if it can."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if sync_playwright is None:
         return "the playwright package is not installed (pip install '.[dev]')"
     if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
         return f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)"
@@ -36,8 +39,6 @@ def missing_browser() -> str | None:
 @contextmanager
 def dashboard_page(base_url: str, username: str, password: str, *, width: int = 1280):
     """A logged-in browser page showing `base_url`/dashboard/."""
-    from playwright.sync_api import sync_playwright
-
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),

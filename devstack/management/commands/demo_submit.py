@@ -7,7 +7,7 @@ import time
 import httpx
 from django.core.management import BaseCommand, CommandError
 
-from audits.demo_site import DEMO_PATHS
+from devstack.demo_site import DEMO_PATHS
 
 
 class Command(BaseCommand):

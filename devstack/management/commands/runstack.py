@@ -65,7 +65,7 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
     }
     if demo:
         processes["demo-site"] = (
-            f"{sys.executable} -m audits.demo_site --port {settings.DEMO_SITE_PORT}"
+            f"{sys.executable} -m devstack.demo_site --port {settings.DEMO_SITE_PORT}"
         )
     return processes
 

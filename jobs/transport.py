@@ -1,0 +1,93 @@
+"""kombu's Redis transport, except that a queue entry that is not a message is dead-lettered.
+
+A worker pops a queue entry (BRPOP) and reads kombu's JSON envelope from it
+before Celery sees anything. In stock kombu 5.7 an entry that is not an envelope
+raises out of the event loop and the worker stops ("Unrecoverable error:
+JSONDecodeError"), with the entry already gone from Redis: one stray LPUSH takes
+a worker down and leaves no trace.
+
+Two hooks, neither a copy of kombu's code:
+
+- `Channel.Message`, kombu's public per-channel message class, is a subclass
+  whose constructor raises `UnreadableEnvelope` (with the decoded payload) when
+  the payload is JSON but not an envelope (no properties, a body its
+  body_encoding cannot decode). kombu builds the message before it hands it to a
+  consumer or rejects it, so such an entry never reaches Celery.
+- `Channel._brpop_read`, private, is where kombu decodes the popped entry and
+  delivers it. The override calls kombu's own method and catches only the two
+  failures of reading the entry: `json.JSONDecodeError` from kombu's decode
+  (whose `doc` is the whole entry as text) and `UnreadableEnvelope`. kombu's
+  `finally` has already run (the poll state is reset), so the entry is
+  dead-lettered and the worker goes on. Exceptions from a consumer's callback,
+  connection errors and `Empty` pass through unchanged.
+
+Not covered, as in stock kombu: JSON that carries kombu's own type markers
+(`{"__type__": ..., "__value__": ...}`) whose value fails to decode.
+
+`tests/test_transport.py` pins the private hook: it fails when a kombu upgrade
+changes `kombu.transport.redis.Channel._brpop_read`, which must then be reviewed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from kombu.transport import redis, virtual
+from kombu.utils.json import dumps
+
+from jobs.deadletters import record_rejected_message
+
+log = logging.getLogger(__name__)
+
+# What a dead letter (and, if it cannot be written, the log) keeps of an entry.
+RAW_ENTRY_LIMIT = 64 * 1024
+
+
+class UnreadableEnvelope(Exception):
+    """A popped entry decoded as JSON, but kombu cannot read it as a message envelope."""
+
+    def __init__(self, payload, problem: Exception):
+        super().__init__(f"{problem.__class__.__name__}: {problem}")
+        self.payload = payload
+        self.problem = problem
+
+
+class Message(virtual.Message):
+    def __init__(self, payload, channel=None, **kwargs):
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - building a message is pure: anything is the payload's fault
+            raise UnreadableEnvelope(payload, exc) from exc
+
+
+class Channel(redis.Channel):
+    Message = Message
+
+    def _brpop_read(self, **options):
+        try:
+            return super()._brpop_read(**options)
+        except json.JSONDecodeError as exc:
+            self._dead_letter_entry(exc.doc, exc)
+        except UnreadableEnvelope as exc:
+            self._dead_letter_entry(dumps(exc.payload), exc.problem)
+        return True  # kombu's answer when it has read an entry
+
+    def _dead_letter_entry(self, raw: str, problem: Exception) -> None:
+        # kombu does not say which queue the entry came from; each Plumb worker
+        # consumes one queue (-Q), so this names it exactly there.
+        queue = ",".join(self.active_queues)
+        raw = raw[:RAW_ENTRY_LIMIT].replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL
+        try:
+            record_rejected_message(
+                task_name="", task_id="", queue=queue, args=None, kwargs=None,
+                raw_message=f"queue entry: {raw}",
+                problem=f"not a message envelope: {problem.__class__.__name__}: {problem}",
+            )  # fmt: skip
+        except Exception:
+            # The entry is already off the queue: log it rather than stop the worker.
+            log.exception("task.dead_letter_failed", extra={"queue": queue, "raw": raw})
+
+
+class Transport(redis.Transport):
+    Channel = Channel
