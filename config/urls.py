@@ -2,12 +2,9 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from audits.health import healthz
-
 urlpatterns = [
     path("api/", include("audits.urls")),
     path("api/schema", SpectacularAPIView.as_view(), name="schema"),
-    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("", include("observability.urls")),
 ]

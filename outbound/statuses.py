@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import enum
 
+import httpx
+
+from jobs.errors import Permanent, Transient
+from ratelimit.headers import parse_retry_after
+
 # 4xx answers that say "not now" rather than "no".
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 425})
 TOO_MANY_REQUESTS = 429
@@ -42,3 +47,16 @@ def classify_status(status_code: int, *, rate_limited: bool = False) -> Answer:
     if status_code >= 400:
         return Answer.PERMANENT
     return Answer.OK
+
+
+def unwanted_answer(message: str, response: httpx.Response) -> Permanent | Transient:
+    """The error for an answer that is not the one wanted: Permanent for a refusal, else
+    Transient, with the answer's own Retry-After."""
+    status = response.status_code
+    if classify_status(status) is Answer.PERMANENT:
+        return Permanent(message, status_code=status)
+    return Transient(
+        message,
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        status_code=status,
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -74,18 +76,12 @@ def error_response(status_code: int, code: str, message: str, **extra) -> Respon
 
 def json_not_found(request, exception=None):
     """404 for any unknown URL, as JSON under /api/ and Django's page elsewhere."""
-    from django.http import JsonResponse
-    from django.views.defaults import page_not_found
-
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "not_found", "message": "No such resource."}, status=404)
     return page_not_found(request, exception)
 
 
 def json_server_error(request):
-    from django.http import JsonResponse
-    from django.views.defaults import server_error
-
     if request.path.startswith("/api/"):
         return JsonResponse(
             {"error": "internal_error", "message": "Something went wrong on our side."}, status=500

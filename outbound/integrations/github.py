@@ -38,8 +38,7 @@ from jobs.errors import Permanent, RateLimited, Transient
 from outbound.client import OutboundClient, build_client
 from outbound.guard import TargetNotAllowed
 from outbound.hostslots import SlotLimit
-from outbound.statuses import Answer, classify_status
-from ratelimit.headers import parse_retry_after
+from outbound.statuses import classify_status, unwanted_answer
 from ratelimit.observations import (
     github_app_key,
     github_installation_key,
@@ -106,19 +105,6 @@ def serial_slots() -> SlotLimit:
     """One call at a time per credential: GitHub's advice against secondary limits."""
     return SlotLimit(
         "github", concurrency=1, lease=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5, per_credential=True
-    )
-
-
-def _unexpected(what: str, response: httpx.Response) -> Permanent | Transient:
-    """The error for an answer other than the one expected, by the one status classification."""
-    status = response.status_code
-    message = f"{what} answered {status}"
-    if classify_status(status) is Answer.PERMANENT:
-        return Permanent(message, status_code=status)
-    return Transient(
-        message,
-        retry_after=parse_retry_after(response.headers.get("retry-after")),
-        status_code=status,
     )
 
 
@@ -203,7 +189,7 @@ class InstallationTokens:
             self.outbound, request, key=github_app_key(credentials.app_id), resource=REST_RESOURCE
         )
         if response.status_code != 201:
-            raise _unexpected("minting an installation token", response)
+            raise unwanted_answer("minting an installation token", response)
         body = _parsed_body("minting an installation token", response)
         expires_at = datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
         redis_client().set(
@@ -276,7 +262,7 @@ class GitHubClient:
                 token = self._token(refused=token)
                 continue
             if classify_status(response.status_code).retryable:
-                raise _unexpected(f"{method} {path}", response)
+                raise unwanted_answer(f"{method} {path} answered {response.status_code}", response)
             return response
         return response
 
@@ -304,7 +290,9 @@ class GitHubClient:
         if response.status_code in {301, 302, 307, 308}:
             return RepositoryStatus(exists=True, full_name=f"{owner}/{name}", moved=True)
         if response.status_code != 200:
-            raise _unexpected(f"GET /repos/{owner}/{name}", response)
+            raise unwanted_answer(
+                f"GET /repos/{owner}/{name} answered {response.status_code}", response
+            )
         body = _parsed_body(f"GET /repos/{owner}/{name}", response)
         full_name = body.get("full_name", "")
         return RepositoryStatus(
@@ -323,7 +311,7 @@ class GitHubClient:
             json_body={"query": REPOSITORY_QUERY, "variables": {"owner": owner, "name": name}},
         )
         if response.status_code != 200:
-            raise _unexpected("POST /graphql", response)
+            raise unwanted_answer(f"POST /graphql answered {response.status_code}", response)
         body = _parsed_body("POST /graphql", response)
         repository = (body.get("data") or {}).get("repository")
         if repository is None:

@@ -24,8 +24,7 @@ from outbound.guard import TargetNotAllowed
 from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
-from outbound.statuses import Answer, classify_status
-from ratelimit.headers import parse_retry_after
+from outbound.statuses import Answer, classify_status, unwanted_answer
 
 OK = "ok"
 REDIRECTED = "redirected"
@@ -135,11 +134,7 @@ def check_http(url: str) -> LinkOutcome:
     status = response.status_code
     answer = classify_status(status)
     if answer.retryable:
-        raise Transient(
-            f"{chain.current} answered {status}",
-            retry_after=parse_retry_after(response.headers.get("retry-after")),
-            status_code=status,
-        )
+        raise unwanted_answer(f"{chain.current} answered {status}", response)
     if answer is Answer.PERMANENT:
         return LinkOutcome(BROKEN, status, chain.current)
     return LinkOutcome(REDIRECTED if chain.redirects else OK, status, chain.current)

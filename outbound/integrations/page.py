@@ -11,8 +11,7 @@ from jobs.errors import Permanent, Transient
 from outbound.client import OutboundClient, build_client
 from outbound.guard import TargetNotAllowed
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
-from outbound.statuses import classify_status
-from ratelimit.headers import parse_retry_after
+from outbound.statuses import classify_status, unwanted_answer
 
 
 @dataclass
@@ -84,11 +83,7 @@ def fetch_page(
         try:
             ttfb_ms = (time.monotonic() - started) * 1000
             if classify_status(response.status_code).retryable:
-                raise Transient(
-                    f"{chain.current} answered {response.status_code}",
-                    retry_after=parse_retry_after(response.headers.get("retry-after")),
-                    status_code=response.status_code,
-                )
+                raise unwanted_answer(f"{chain.current} answered {response.status_code}", response)
             body, truncated = _read_body(
                 response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
             )

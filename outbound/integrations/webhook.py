@@ -29,8 +29,7 @@ from jobs.errors import Permanent, Transient
 from outbound import hostslots
 from outbound.client import OutboundClient, build_client
 from outbound.guard import TargetNotAllowed
-from outbound.statuses import Answer, classify_status
-from ratelimit.headers import parse_retry_after
+from outbound.statuses import unwanted_answer
 from ratelimit.observations import host_key
 
 SECRET_PREFIX = "whsec_"
@@ -117,15 +116,9 @@ def post(url: str, *, body: str, headers: dict[str, str]) -> int:
     status = response.status_code
     if 200 <= status < 300:
         return status
-    error = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
-    if classify_status(status) is Answer.PERMANENT:
-        raise Permanent(error, status_code=status)
-    # Retryable, or a redirect or informational answer this POST does not follow.
-    raise Transient(
-        error,
-        retry_after=parse_retry_after(response.headers.get("retry-after")),
-        status_code=status,
-    )
+    # A refusal ends the delivery; anything else (a redirect or an informational answer
+    # this POST does not follow included) is worth another attempt.
+    raise unwanted_answer(f"HTTP {status}" + (f": {excerpt}" if excerpt else ""), response)
 
 
 def _excerpt(response: httpx.Response) -> str:
