@@ -191,3 +191,14 @@ def test_it_counts_a_link_check_waiting_for_a_busy_host(start_worker, redis_clie
     finally:
         page.stop()
         slow.stop()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_the_running_count_is_exact_under_each_pool(pool, site, start_worker):
+    start_worker("audits", concurrency=2, pool=pool)
+    slow = [submit(f"{site.base_url}/slow?delay=4&n={n}") for n in range(3)]
+    # Two run, one waits for a slot: counted as running and as waiting, never as both.
+    snapshot_becomes(BacklogSnapshot(waiting=1, retrying=0, running=2))
+    for audit in slow:
+        wait_for(lambda a=audit: status_of(a) == "succeeded", timeout=30, message="success")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=0))
