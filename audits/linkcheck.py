@@ -3,7 +3,7 @@
 The audit fetches its page, then creates one `LinkCheck` row per external link
 and waits in `checking_links`. Each check task finishes its own row with a
 conditional update and then counts the audit's unfinished rows: whoever sees
-none left finishes the audit (once, `finish_audit` is conditional too). A
+none left finishes the audit (once: `Audit.objects.finish` is conditional too). A
 periodic sweep finishes audits whose AUDIT_LINKCHECK_DEADLINE_SECONDS has passed,
 reporting the checks that had not finished (rate-limited ones with their retry time).
 

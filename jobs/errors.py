@@ -47,7 +47,7 @@ class RateLimited(Transient):
         when = (
             "until " + time.strftime("%H:%M:%S UTC", time.gmtime(retry_at))
             if retry_at is not None
-            else "for now"
+            else "(no time given)"
         )
         super().__init__(
             f"{key} {resource} rate limited {when}{': ' + reason if reason else ''}",
