@@ -30,7 +30,6 @@ the breaker already acted on what they would say.
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -196,10 +195,6 @@ class Permit:
     @property
     def probe(self) -> bool:
         return self.decision == "probe"
-
-    def park_delay(self, rng: random.Random | None = None) -> float:
-        """How long a refused call is parked: until its release time, plus up to a second."""
-        return self.release_in + (rng or random).uniform(0, 1.0)
 
 
 class Breaker:
