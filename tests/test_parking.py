@@ -7,6 +7,7 @@ from django.conf import settings
 
 from audits import submission
 from audits.models import Audit
+from audits.tasks import AUDIT_POLICY
 from jobs import delayed
 from jobs.breakers import FAILURE, Breaker
 from jobs.models import CircuitBreaker, DeadLetter
@@ -169,3 +170,30 @@ def test_a_retry_after_longer_than_a_worker_may_hold_is_parked_and_waited_in_ful
         assert second - first >= retry_after, (key, worker.output())
     assert Audit.objects.get(id=long_wait.id).attempts == 2
     assert not parked()
+
+
+def test_a_host_that_keeps_rate_limiting_is_deferred_up_to_the_cap_then_spends_attempts(
+    site, start_worker, redis_client
+):
+    # Every answer is 429 with Retry-After: 1, and nothing is slept inline.
+    worker = start_worker(
+        "audits",
+        env={
+            **FAST_SWEEP,
+            "RATELIMIT_INLINE_MAX_WAIT_SECONDS": "0",
+            "AUDIT_MAX_ATTEMPTS": "2",
+        },
+    )
+    audit = submit(f"{site.base_url}/busy?key=always&fail=1000&status=429&retry_after=1")
+    wait_for(
+        lambda: status_of(audit) == "failed", timeout=90, message="the audit to give up",
+        show=[worker],
+    )  # fmt: skip
+    output = worker.output()
+    # Ten deferrals spend nothing; after them each wait is a retry that spends an attempt.
+    assert output.count("task.deferred") == AUDIT_POLICY.max_deferrals == 10
+    assert output.count("task.retry") == 1
+    assert site.flaky_counts["always"] == 12
+    dead = DeadLetter.objects.get(task_id=audit.task_id)
+    assert (dead.reason, dead.attempts) == ("attempts_exhausted", 2)
+    assert Audit.objects.get(id=audit.id).attempts == 2
