@@ -362,6 +362,10 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
+        # Celery's own per-task INFO lines (succeeded, retry, ignored) repeat what the job
+        # runtime logs as task.finished / task.retry / task.parked / task.deferred, and an
+        # "ignored" line carries a whole traceback for every breaker park. Errors still show.
+        "celery.app.trace": {"level": "WARNING"},
     },
 }
 
