@@ -44,7 +44,7 @@ def payload_for(audit: Audit) -> dict:
     }
 
 
-# --- Creating and enqueueing -----------------------------------------------------
+# --- Creating --------------------------------------------------------------------
 
 
 def create_delivery(audit_id) -> tuple[Delivery | None, bool]:
