@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from audits.models import Audit
+from devstack.demo_site import DEMO_PATHS
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -77,3 +78,15 @@ def test_a_4xx_page_succeeds_and_reports_it_without_retrying(live_server, site, 
     assert done["status"] == "succeeded"
     assert done["result"]["status_code"] == 404
     assert done["attempts"] == 1
+
+
+def test_every_demo_page_is_audited_successfully_on_its_first_attempt(
+    live_server, site, start_worker
+):
+    # What `make demo` submits, through the same API, to workers as `make run` starts them.
+    worker = start_worker("audits", concurrency=4)
+    audits = [submit(live_server, f"{site.base_url}{path}") for path in DEMO_PATHS]
+    done = [finished(live_server, audit, timeout=60, show=[worker]) for audit in audits]
+    assert [(body["status"], body["attempts"]) for body in done] == [("succeeded", 1)] * len(
+        DEMO_PATHS
+    ), worker.output()
