@@ -254,25 +254,15 @@ def admission_counts(client: redis.Redis | None = None) -> dict[str, int]:
     return counts
 
 
+def queue_gauges(client: redis.Redis | None = None) -> dict[str, int]:
+    """The audits queue's backlog, as the gauges report it (registered in audits.apps)."""
+    return backlog_snapshot(settings.AUDIT_QUEUE, client).as_dict()
+
+
 def queue_report(client: redis.Redis | None = None) -> dict[str, int]:
     """What GET /api/queue and `manage.py queue_depth` show. Raises RedisError."""
-    snapshot = backlog_snapshot(settings.AUDIT_QUEUE, client or redis_client())
     return {
-        "backlog": snapshot.backlog,
-        "waiting": snapshot.waiting,
-        "retrying": snapshot.retrying,
-        "running": snapshot.running,
+        **queue_gauges(client),
         **gauges.read("scheduled"),
         "max_depth": settings.AUDIT_QUEUE_MAX_DEPTH,
-    }
-
-
-def queue_gauges() -> dict[str, int]:
-    """The audits queue's backlog, as the gauges report it (registered in audits.apps)."""
-    snapshot = backlog_snapshot(settings.AUDIT_QUEUE)
-    return {
-        "backlog": snapshot.backlog,
-        "waiting": snapshot.waiting,
-        "retrying": snapshot.retrying,
-        "running": snapshot.running,
     }

@@ -87,6 +87,14 @@ class BacklogSnapshot:
     def backlog(self) -> int:
         return self.waiting + self.retrying
 
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "backlog": self.backlog,
+            "waiting": self.waiting,
+            "retrying": self.retrying,
+            "running": self.running,
+        }
+
 
 def running_key(queue: str) -> str:
     return f"jobs:running:{queue}"
