@@ -1,0 +1,557 @@
+#!/usr/bin/env python
+"""Throughput: Plumb end to end against the references a user would compare it with.
+
+    .venv/bin/python bench/throughput.py                  # every phase, ~4 minutes
+    .venv/bin/python bench/throughput.py --phases fast slow
+    .venv/bin/python bench/throughput.py --database postgres
+
+Everything runs on 127.0.0.1 in one run, so each goal is a ratio of figures taken
+minutes apart on the same machine:
+
+  fast        600 audits submitted over HTTP from 16 client threads, pages answered at
+              once; against a plain Celery app (Redis broker, acks late, prefetch 1,
+              4 prefork processes, task = urllib fetch + html.parser).  Goal >= 0.5x.
+  slow        the same against pages answered after 200 ms; against a bare loop of the
+              same fetch + parse in 64 threads.  Goal >= 0.5x.  Also the audit
+              workers' peak resident memory (goal <= 1 GB).
+  submit      POST /api/audits alone (no worker), 16 client threads: against a
+              minimal Django view on the same gunicorn command line that validates the
+              URL, inserts one row and publishes one message (goal >= 0.7x), and
+              against the audits/s of `fast` (goal >= 1.5x).
+  links       one audit of a page with 50 external links on one host (each answered
+              after 200 ms): the time to finished, link checks included, against the
+              page fetch plus one round of 50 checks at the host's politeness limit
+              (LINKCHECK_PER_HOST_RATE, LINKCHECK_PER_HOST_CONCURRENCY).  Goal <= 2x.
+
+The stack is the one `make run` starts, with its default settings: the same command
+lines (devstack runstack's `stack_commands`) for the web and the audits worker, on the
+embedded default database (a fresh SQLite file; `--database postgres` for a fresh
+PostgreSQL database next to DATABASE_URL's) and a throwaway Redis (or REDIS_URL,
+which it empties). Only the submission bucket and backlog cap are raised, so the
+benchmark measures the machinery rather than admission refusing a burst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import redis  # noqa: E402
+
+from bench.reference import plain_celery as reference  # noqa: E402
+from bench.reference.plain_celery import fetch_and_parse  # noqa: E402
+from bench.services import create_database, start_redis  # noqa: E402
+from config import devservices  # noqa: E402
+
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+CLIENT_THREADS = 16
+BARE_LOOP_THREADS = 64
+SLOW_DELAY = 0.2
+LINKS = 50
+
+# Only what the benchmark must change from `make run`'s defaults.
+STACK_ENV = {
+    "DEBUG": "true",
+    "AUDIT_ALLOW_PRIVATE_TARGETS": "true",  # the site is on 127.0.0.1
+    "AUDIT_SUBMIT_BURST": "1000000",
+    "AUDIT_SUBMIT_RATE_PER_MINUTE": "1000000",
+    "AUDIT_QUEUE_MAX_DEPTH": "1000000",
+}
+
+
+# --- processes -------------------------------------------------------------------------
+class Process:
+    """A child process in its own session (so stopping it stops its children), logging to a file."""
+
+    def __init__(self, name: str, command: list[str] | str, env: dict, logs: Path):
+        self.name = name
+        argv = shlex.split(command) if isinstance(command, str) else command
+        with (logs / f"{name}.log").open("a") as log:
+            self.popen = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def pids(self) -> list[int]:
+        session = self.popen.pid
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getsid(int(entry)) == session:
+                        found.append(int(entry))
+                except OSError:
+                    continue
+        return found
+
+    def rss_bytes(self) -> int:
+        total = 0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/status") as status:
+                    for line in status:
+                        if line.startswith("VmRSS:"):
+                            total += int(line.split()[1]) * 1024
+            except OSError:
+                continue
+        return total
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of every live process of this one's session."""
+        ticks = 0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+                ticks += int(fields[11]) + int(fields[12])
+            except OSError:
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.popen.pid, 15)
+            self.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, 9)
+            self.popen.wait()
+        except ProcessLookupError:
+            pass
+
+
+class PeakRSS(threading.Thread):
+    def __init__(self, process: Process):
+        super().__init__(daemon=True)
+        self.process, self.peak, self.stopped = process, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            self.peak = max(self.peak, self.process.rss_bytes())
+
+    def stop(self) -> int:
+        self.stopped.set()
+        self.join()
+        return self.peak
+
+
+def wait_for(check, *, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def start_site(logs: Path, delay: float) -> tuple[Process, str]:
+    port = devservices.free_port()
+    command = [PYTHON, "-m", "bench.fast_site", "--port", str(port), "--delay", str(delay),
+               "--link-host", f"localhost:{port}"]  # fmt: skip
+    site = Process(f"site-{delay:g}", command, dict(os.environ), logs)
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: answers(f"{base}/"), timeout=20, what="the site")
+    return site, base
+
+
+def in_threads(count: int, threads: int, work) -> list:
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(work, range(count)))
+
+
+def submit(api: str, urls: list[str]) -> tuple[float, float]:
+    """POST every URL to `api`/api/audits from 16 threads; (first sent, last answered), epoch s."""
+    local = threading.local()
+
+    def post(n: int) -> None:
+        client = getattr(local, "client", None) or httpx.Client(timeout=60)
+        local.client = client
+        response = client.post(f"{api}/api/audits", json={"url": urls[n]})
+        if response.status_code != 202:
+            raise SystemExit(f"submission refused: {response.status_code} {response.text}")
+
+    started = time.time()
+    in_threads(len(urls), CLIENT_THREADS, post)
+    return started, time.time()
+
+
+# --- references ------------------------------------------------------------------------
+def plain_celery(
+    site: str, count: int, redis_url: str, logs: Path, *, api: str | None = None
+) -> dict:
+    """The plain Celery reference's audits/s: published by 16 threads, or POSTed to `api`
+    (the minimal view, publishing the same task) when given."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    worker = Process(
+        "plain-celery",
+        f"{BIN / 'celery'} -A bench.reference.plain_celery -b {redis_url} worker --pool prefork "
+        "--concurrency 4 --loglevel WARNING -Q plain",
+        dict(os.environ), logs,
+    )  # fmt: skip
+    try:
+        reference.app.conf.broker_url = redis_url
+        # Ready when it has run a warm-up task on each of its processes.
+        for n in range(4):
+            reference.audit.apply_async(args=[f"{site}/warm/{n}"], queue="plain")
+        wait_for(lambda: int(client.get(reference.DONE_KEY) or 0) >= 4, timeout=60,
+                 what="the plain Celery worker")  # fmt: skip
+        client.delete(reference.DONE_KEY)
+        urls = [f"{site}/plain/{n}" for n in range(count)]
+        if api:
+            started, _ = submit(api, urls)
+        else:
+            started = time.time()
+            in_threads(count, CLIENT_THREADS,
+                       lambda n: reference.audit.apply_async(args=[urls[n]], queue="plain"))  # fmt: skip
+        wait_for(lambda: int(client.get(reference.DONE_KEY) or 0) >= count,
+                 timeout=600, what="the plain Celery tasks", every=0.01)  # fmt: skip
+        elapsed = time.time() - started
+    finally:
+        worker.stop()
+        client.flushdb()
+    return {"per_second": count / elapsed, "seconds": elapsed}
+
+
+class ReferenceView:
+    """The minimal submission view, on the web process's own gunicorn command line."""
+
+    def __init__(self, args, web_command: str, redis_url: str, logs: Path, *, queue: str):
+        if args.database == "postgres":
+            self.database, self.drop = create_database(sqlite_fallback=False)
+        else:
+            folder = tempfile.mkdtemp(prefix="plumb-ref-")
+            self.database, self.drop = f"sqlite:///{folder}/ref.sqlite3", lambda: None
+        subprocess.run(
+            [PYTHON, "-c", "import sys; from bench.reference import minimal_submit as m; "
+             "m.create_table(sys.argv[1])", self.database],
+            cwd=ROOT, check=True,
+        )  # fmt: skip
+        port = devservices.free_port()
+        factory = f"bench.reference.minimal_submit:application({self.database!r}, {redis_url!r}, {queue!r})"
+        command = shlex.split(re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", web_command))
+        command[command.index("config.wsgi:application")] = factory
+        self.web = Process(f"reference-web-{queue}", command, dict(os.environ), logs)
+        self.api = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers(f"{self.api}/api/audits"), timeout=60, what="the reference view")
+
+    def stop(self) -> None:
+        self.web.stop()
+        self.drop()
+
+
+def _celery_ready(log: Path) -> bool:
+    return log.exists() and "ready." in log.read_text()
+
+
+def bare_loop(site: str, count: int) -> dict:
+    started = time.time()
+    in_threads(count, BARE_LOOP_THREADS, lambda n: fetch_and_parse(f"{site}/p/{n}"))
+    elapsed = time.time() - started
+    return {"per_second": count / elapsed, "seconds": elapsed}
+
+
+# --- Plumb -----------------------------------------------------------------------------
+def stack_commands(env: dict) -> dict[str, str]:
+    """The command line of each process `make run` starts, under `env`."""
+    printed = subprocess.run(
+        [PYTHON, "-c", "import django, json; django.setup(); "
+         "from devstack.management.commands.runstack import stack_commands; "
+         "print(json.dumps(stack_commands()))"],
+        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(printed.stdout)
+
+
+class Stack:
+    """Plumb's web and audits worker, as `make run` starts them, on a fresh database."""
+
+    def __init__(self, args, logs: Path, redis_url: str):
+        self.logs, self.redis_url = logs, redis_url
+        if args.database == "postgres":
+            self.database_url, self.drop = create_database(sqlite_fallback=False)
+        else:
+            path = Path(tempfile.mkdtemp(prefix="plumb-throughput-db-")) / "plumb.sqlite3"
+            self.database_url, self.drop = f"sqlite:///{path}", lambda: None
+        self.port = devservices.free_port()
+        self.env = {
+            **os.environ, **STACK_ENV, "REDIS_URL": redis_url, "DATABASE_URL": self.database_url,
+            "WEB_PORT": str(self.port), "PLUMB_VAR_DIR": str(logs / "var"),
+        }  # fmt: skip
+        subprocess.run([PYTHON, "manage.py", "migrate", "--verbosity", "0"],
+                       cwd=ROOT, env=self.env, check=True)  # fmt: skip
+        redis.Redis.from_url(redis_url).flushdb()
+        self.commands = stack_commands(self.env)
+        self.api = f"http://127.0.0.1:{self.port}"
+        self.web = self.worker = None
+
+    def start_web(self) -> None:
+        self.web = Process("web", self.commands["web"], self.env, self.logs)
+        wait_for(lambda: answers(f"{self.api}/healthz"), timeout=60, what="the web process")
+
+    def start_worker(self) -> None:
+        self.worker = Process("worker-audits", self.commands["worker-audits"], self.env, self.logs)
+        wait_for(lambda: _celery_ready(self.logs / "worker-audits.log"), timeout=60,
+                 what="the audits worker")  # fmt: skip
+
+    def submit(self, urls: list[str]) -> tuple[float, float]:
+        return submit(self.api, urls)
+
+    def finished(self) -> tuple[int, int, float | None]:
+        """(finished audits, failed audits, latest finished_at as epoch seconds)."""
+        query = (
+            "SELECT count(*), sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END), "
+            "max(finished_at) FROM audits_audit WHERE status IN ('succeeded', 'failed')"
+        )
+        if self.database_url.startswith("sqlite"):
+            with sqlite3.connect(self.database_url.removeprefix("sqlite:///"), timeout=30) as db:
+                count, failed, latest = db.execute(query).fetchone()
+            latest = latest and datetime.fromisoformat(latest).replace(tzinfo=UTC).timestamp()
+        else:
+            import psycopg
+
+            with psycopg.connect(self.database_url) as db:
+                count, failed, latest = db.execute(query).fetchone()
+            latest = latest and latest.timestamp()
+        return count, failed or 0, latest
+
+    def stop(self) -> None:
+        for process in (self.worker, self.web):
+            if process is not None:
+                process.stop()
+        self.drop()
+
+
+def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -> dict:
+    stack = Stack(args, logs, redis_url)
+    try:
+        stack.start_web()
+        stack.start_worker()
+        memory = PeakRSS(stack.worker)
+        memory.start()
+        profilers = profile(args, stack, tag) if args.profile else []
+        cpu_before = {p.name: p.cpu_seconds() for p in (stack.web, stack.worker)}
+        started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
+        count, failed, latest = wait_for(
+            lambda: (row := stack.finished())[0] >= args.count and row,
+            timeout=900, what="the audits", every=0.2,
+        )  # fmt: skip
+        cpu_ms = {p.name: (p.cpu_seconds() - cpu_before[p.name]) * 1000 / args.count
+                  for p in (stack.web, stack.worker)}  # fmt: skip
+        peak = memory.stop()
+        for profiler in profilers:
+            profiler.send_signal(2)
+            profiler.wait(timeout=60)
+    finally:
+        stack.stop()
+    elapsed = latest - started
+    return {
+        "per_second": args.count / elapsed, "seconds": elapsed, "failed": failed,
+        "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
+        "cpu_ms_per_audit": cpu_ms,
+    }  # fmt: skip
+
+
+def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
+    """py-spy sampling the web and the audits worker (every process of each), as folded stacks."""
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                str(BIN / "py-spy"),
+                "record",
+                "--gil",
+                "--format",
+                "raw",
+                "--subprocesses",
+                "--rate",
+                "250",
+                "--output",
+                str(args.profile / f"{tag}-{process.name}.txt"),
+                "--pid",
+                str(process.popen.pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for process in (stack.web, stack.worker)
+    ]
+
+
+def submissions(args, site: str, logs: Path, redis_url: str) -> dict:
+    """POST /api/audits alone, then the minimal reference view on the same gunicorn line."""
+    stack = Stack(args, logs, redis_url)
+    try:
+        stack.start_web()
+        stack.submit([f"{site}/warm/{n}" for n in range(50)])
+        started, ended = stack.submit([f"{site}/submit/{n}" for n in range(args.count)])
+        plumb = args.count / (ended - started)
+    finally:
+        stack.stop()
+    view = ReferenceView(args, stack.commands["web"], redis_url, logs, queue="reference")
+    try:
+        submit(view.api, [f"{site}/warm/{n}" for n in range(50)])
+        started, ended = submit(view.api, [f"{site}/ref/{n}" for n in range(args.count)])
+        minimal = args.count / (ended - started)
+    finally:
+        view.stop()
+        redis.Redis.from_url(redis_url).flushdb()
+    return {"plumb_per_second": plumb, "reference_per_second": minimal}
+
+
+def plain_celery_over_http(args, site: str, logs: Path, redis_url: str) -> dict:
+    """The user's own end to end: the minimal view publishing the plain Celery task."""
+    web = stack_commands({**os.environ, **STACK_ENV})["web"]
+    view = ReferenceView(args, web, redis_url, logs, queue="plain")
+    try:
+        return plain_celery(site, args.count, redis_url, logs, api=view.api)
+    finally:
+        view.stop()
+
+
+def link_checks(args, site: str, logs: Path, redis_url: str) -> dict:
+    stack = Stack(args, logs, redis_url)
+    try:
+        stack.start_web()
+        stack.start_worker()
+        probe = time.time()
+        fetch_and_parse(f"{site}/probe")
+        fetch_seconds = time.time() - probe
+        started, _ = stack.submit([f"{site}/links/{LINKS}"])
+        _, failed, latest = wait_for(lambda: (row := stack.finished())[0] >= 1 and row,
+                                     timeout=900, what="the audit with links", every=0.1)  # fmt: skip
+    finally:
+        stack.stop()
+    rate = float(stack.env.get("LINKCHECK_PER_HOST_RATE", 1.0))
+    concurrency = int(stack.env.get("LINKCHECK_PER_HOST_CONCURRENCY", 2))
+    # One round at the host's limit: starts spaced 1/rate apart, at most `concurrency`
+    # in flight, each taking one fetch.
+    spacing = max(1 / rate, fetch_seconds / concurrency)
+    ideal = fetch_seconds + (LINKS - 1) * spacing + fetch_seconds
+    elapsed = latest - started
+    return {"seconds": elapsed, "ideal_seconds": ideal, "failed": failed}
+
+
+# --- report --------------------------------------------------------------------------------
+def report(results: dict, args) -> None:
+    rows = []
+    if "fast" in results:
+        fast = results["fast"]
+        rows.append(("per-audit cost: audits/s, pages at once", fast["plumb"]["per_second"],
+                     f"plain Celery {fast['reference']['per_second']:.0f}/s",
+                     fast["plumb"]["per_second"] / fast["reference"]["per_second"], ">= 0.5x"))  # fmt: skip
+        over_http = fast["reference_over_http"]["per_second"]
+        rows.append(("the same, both submitted over HTTP", fast["plumb"]["per_second"],
+                     f"minimal view + plain Celery {over_http:.0f}/s",
+                     fast["plumb"]["per_second"] / over_http, ">= 0.5x"))  # fmt: skip
+    if "slow" in results:
+        slow = results["slow"]
+        rows.append(("concurrency: audits/s, pages after 200 ms", slow["plumb"]["per_second"],
+                     f"bare 64-thread loop {slow['reference']['per_second']:.0f}/s",
+                     slow["plumb"]["per_second"] / slow["reference"]["per_second"], ">= 0.5x"))  # fmt: skip
+    if "submit" in results:
+        submit = results["submit"]
+        rows.append(("submissions/s, 16 threads", submit["plumb_per_second"],
+                     f"minimal view {submit['reference_per_second']:.0f}/s",
+                     submit["plumb_per_second"] / submit["reference_per_second"], ">= 0.7x"))  # fmt: skip
+        if "fast" in results:
+            audits = results["fast"]["plumb"]["per_second"]
+            rows.append(("submissions/s against audits/s", submit["plumb_per_second"],
+                         f"stack audits {audits:.0f}/s", submit["plumb_per_second"] / audits,
+                         ">= 1.5x"))  # fmt: skip
+    if "links" in results:
+        links = results["links"]
+        rows.append((f"an audit with {LINKS} links, seconds", links["seconds"],
+                     f"fetch + one polite round {links['ideal_seconds']:.1f} s",
+                     links["seconds"] / links["ideal_seconds"], "<= 2x"))  # fmt: skip
+    print(f"\nthroughput, {args.count} audits, database {args.database}")
+    print(f"| {'measure':<44} | {'Plumb':>7} | {'reference, same run':<34} | ratio | goal    |")
+    print(f"| {'-' * 44} | {'-' * 7}: | {'-' * 34} | ----: | ------- |")
+    for measure, value, against, ratio, goal in rows:
+        print(f"| {measure:<44} | {value:7.1f} | {against:<34} | {ratio:.2f}x | {goal:<7} |")
+    for phase in ("fast", "slow"):
+        if phase in results:
+            plumb = results[phase]["plumb"]
+            print(f"{phase}: audit workers' peak RSS {plumb['worker_rss'] / 2**20:.0f} MB, "
+                  f"{plumb['failed']} failed, submissions during the run "
+                  f"{plumb['submissions_per_second']:.0f}/s; CPU ms per audit: "
+                  + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--phases", nargs="+", default=["fast", "slow", "submit", "links"],
+                        choices=["fast", "slow", "submit", "links"])  # fmt: skip
+    parser.add_argument("--count", type=int, default=600, help="audits per run")
+    parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--profile", type=Path, help="py-spy the end-to-end runs into this folder")
+    args = parser.parse_args()
+
+    logs = Path(tempfile.mkdtemp(prefix="plumb-throughput-"))
+    print(f"logs in {logs}", flush=True)
+    redis_process, redis_url = start_redis()
+    fast_site, fast = start_site(logs, 0.0)
+    slow_site, slow = start_site(logs, SLOW_DELAY)
+    results: dict = {}
+    try:
+        if "fast" in args.phases:
+            results["fast"] = {
+                "reference": plain_celery(fast, args.count, redis_url, logs),
+                "reference_over_http": plain_celery_over_http(args, fast, logs, redis_url),
+                "plumb": plumb_end_to_end(args, fast, logs, redis_url, tag="fast"),
+            }
+            print("fast:", json.dumps(results["fast"]), flush=True)
+        if "slow" in args.phases:
+            results["slow"] = {
+                "reference": bare_loop(slow, args.count),
+                "plumb": plumb_end_to_end(args, slow, logs, redis_url, tag="slow"),
+            }
+            print("slow:", json.dumps(results["slow"]), flush=True)
+        if "submit" in args.phases:
+            results["submit"] = submissions(args, fast, logs, redis_url)
+            print("submit:", json.dumps(results["submit"]), flush=True)
+        if "links" in args.phases:
+            results["links"] = link_checks(args, slow, logs, redis_url)
+            print("links:", json.dumps(results["links"]), flush=True)
+    finally:
+        fast_site.stop()
+        slow_site.stop()
+        if redis_process is not None:
+            redis_process.terminate()
+            redis_process.wait(timeout=10)
+    report(results, args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
