@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 from urllib.parse import urljoin, urlsplit
 
-from bs4 import BeautifulSoup
+import lxml.html
 
 from outbound.integrations.page import FetchedPage
 
@@ -20,24 +21,43 @@ def missing_security_headers(page: FetchedPage) -> list[str]:
 
 
 def analyze_html(body: bytes, *, base_url: str, charset: str | None = None) -> dict:
-    soup = BeautifulSoup(body, "lxml", from_encoding=charset)
-    base_tag = soup.find("base", href=True)
-    base = urljoin(base_url, base_tag["href"]) if base_tag else base_url
-
-    title = soup.title.get_text(strip=True) if soup.title else None
-    description = soup.find("meta", attrs={"name": lambda v: v and v.lower() == "description"})
-    canonical = soup.find(
-        "link", rel=lambda v: v and "canonical" in [r.lower() for r in _as_list(v)]
-    )
-    robots = soup.find_all(
-        "meta", attrs={"name": lambda v: v and v.lower() in {"robots", "googlebot"}}
-    )
+    # lxml's tree, walked once over the few tags an audit reads: a fifth of the CPU
+    # BeautifulSoup spent on the same page (BENCHMARKS.md, throughput).
+    parser = lxml.html.HTMLParser(encoding=_known_encoding(charset))
+    root = lxml.html.document_fromstring(body, parser=parser) if body.strip() else None
+    title = description = canonical_href = base_href = None
+    robots: list[str] = []
+    hrefs: list[str] = []
+    h1_count = 0
+    for element in root.iter("title", "meta", "link", "base", "a", "h1") if root is not None else ():
+        tag = element.tag
+        if tag == "a":
+            href = element.get("href")
+            if href is not None:
+                hrefs.append(href)
+        elif tag == "h1":
+            h1_count += 1
+        elif tag == "meta":
+            name = (element.get("name") or "").lower()
+            if name == "description" and description is None:
+                description = (element.get("content") or "").strip()
+            elif name in {"robots", "googlebot"}:
+                robots.append((element.get("content") or "").lower())
+        elif tag == "link":
+            rel = (element.get("rel") or "").lower().split()
+            if "canonical" in rel and canonical_href is None:
+                canonical_href = element.get("href") or ""
+        elif tag == "title" and title is None:
+            title = "".join(part.strip() for part in element.itertext())
+        elif tag == "base" and base_href is None and element.get("href") is not None:
+            base_href = element.get("href")
+    base = urljoin(base_url, base_href) if base_href is not None else base_url
 
     own_host = urlsplit(base_url).netloc.lower()
     internal: set[str] = set()
     external: set[str] = set()
-    for anchor in soup.find_all("a", href=True):
-        href = anchor["href"].strip()
+    for raw in hrefs:
+        href = raw.strip()
         if not href or href.lower().startswith(SKIPPED_LINK_SCHEMES):
             continue
         target = urljoin(base, href).split("#", 1)[0]
@@ -48,19 +68,23 @@ def analyze_html(body: bytes, *, base_url: str, charset: str | None = None) -> d
 
     return {
         "title": title,
-        "meta_description": (description.get("content") or "").strip() if description else None,
-        "canonical": urljoin(base, canonical["href"])
-        if canonical and canonical.get("href")
-        else None,
-        "noindex": any("noindex" in (tag.get("content") or "").lower() for tag in robots),
-        "h1_count": len(soup.find_all("h1")),
+        "meta_description": description,
+        "canonical": urljoin(base, canonical_href) if canonical_href else None,
+        "noindex": any("noindex" in content for content in robots),
+        "h1_count": h1_count,
         "link_counts": {"internal": len(internal), "external": len(external)},
         "external_links": sorted(external),
     }
 
 
-def _as_list(value) -> list[str]:
-    return value if isinstance(value, list) else str(value).split()
+def _known_encoding(charset: str | None) -> str | None:
+    """The page's declared charset if Python knows it, else None (lxml then reads the page's own)."""
+    if not charset:
+        return None
+    try:
+        return codecs.lookup(charset).name
+    except LookupError:
+        return None
 
 
 def audit_result(page: FetchedPage) -> dict:
