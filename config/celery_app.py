@@ -23,6 +23,7 @@ app.autodiscover_tasks()
 # jobs, and one of them samples the gauges each minute for the dashboard.
 app.steps["worker"].add("jobs.bootsteps:DelayedWaker")
 app.steps["worker"].add("jobs.bootsteps:MinuteSampler")
+app.steps["worker"].add("jobs.bootsteps:TimeLimitWatchdog")
 
 
 @signals.setup_logging.connect

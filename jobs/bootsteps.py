@@ -13,11 +13,12 @@ import threading
 
 import redis
 from celery import bootsteps
+from celery.concurrency.thread import TaskPool as ThreadPool
 from django.conf import settings
 from django.db import connections
 
 from config.redis import dedicated_client
-from jobs import delayed
+from jobs import delayed, timelimits
 from observability import sampler
 
 log = logging.getLogger(__name__)
@@ -103,3 +104,20 @@ class MinuteSampler(WorkerThread):
 
     def tick(self, worker, client: redis.Redis) -> None:
         sampler.sample_once(client=client)
+
+
+class TimeLimitWatchdog(WorkerThread):
+    """Enforces the tasks' time limits in a thread-pool worker, where Celery does not."""
+
+    label = "Time limit watchdog"
+    thread_name = "time-limit-watchdog"
+
+    def include_if(self, worker) -> bool:
+        pool = worker.pool_cls
+        return isinstance(pool, type) and issubclass(pool, ThreadPool)
+
+    def interval(self) -> float:
+        return 1.0
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        timelimits.enforce()

@@ -36,7 +36,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from redis import RedisError
 
-from jobs import backlog, breakers, deadletters, delayed, instrumentation
+from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient
 from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
 from jobs.policy import (
@@ -134,6 +134,11 @@ class PlumbTask(Task):
             run_id,
             lease_seconds=self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue],
         )
+        hard, soft = self.request.timelimit or (None, None)
+        timelimits.attempt_started(
+            self.name, self.request.id,
+            soft_limit=soft or self.soft_time_limit, hard_limit=hard or self.time_limit,
+        )  # fmt: skip
         outcome = breakers.NO_VERDICT
         try:
             result = super().__call__(*args, **kwargs)
@@ -148,6 +153,7 @@ class PlumbTask(Task):
             instrumentation.completed(self)
             return result
         finally:
+            timelimits.attempt_stopped()
             backlog.attempt_stopped(queue, run_id)
             if permit is not None:
                 self._record_verdict(host, permit, outcome)

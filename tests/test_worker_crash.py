@@ -33,8 +33,9 @@ def status_of(audit: Audit) -> str:
     return Audit.objects.get(id=audit.id).status
 
 
-def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
-    doomed = start_worker("audits", env=FAST_REDELIVERY)
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_sigkilled_worker_loses_no_audit(pool, site, start_worker, redis_client):
+    doomed = start_worker("audits", pool=pool, env=FAST_REDELIVERY)
     audit = submit(f"{site.base_url}/slow?delay=3")
     # Kill only once the request has reached the site: `running` is set just before the
     # fetch, and on a loaded machine a kill right after it can land before the request.
@@ -49,7 +50,7 @@ def test_a_sigkilled_worker_loses_no_audit(site, start_worker, redis_client):
     doomed.kill()  # main process and pool child at once, as if the host died
     assert status_of(audit) == "running"
 
-    survivor = start_worker("audits", env=FAST_REDELIVERY)
+    survivor = start_worker("audits", pool=pool, env=FAST_REDELIVERY)
     wait_for(
         lambda: status_of(audit) == "succeeded", timeout=40, message="the audit to be redelivered"
     )
@@ -101,4 +102,29 @@ def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(s
     # Finished, so the reconciler leaves it alone however old it gets.
     assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=0) == 0
     time.sleep(1)
+    assert site.hits["/slow"] == 1, worker.output()
+
+
+def test_under_threads_an_audit_past_its_time_limit_is_dead_lettered_not_run_again(
+    site, start_worker
+):
+    # Celery enforces time limits only in prefork; the runtime's watchdog does it here.
+    worker = start_worker("audits", pool="threads", concurrency=4)
+    target = normalize_url(f"{site.base_url}/slow?delay=4")
+    page = Page.objects.create(url=target.url, domain=target.domain)
+    audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
+    run_audit.apply_async(
+        args=[str(audit.id)], task_id=audit.task_id, soft_time_limit=1, time_limit=2, retries=2
+    )
+    wait_for(
+        lambda: status_of(audit) == "failed", timeout=30, message="the audit to fail", show=[worker]
+    )
+    failed = Audit.objects.get(id=audit.id)
+    assert "gave up after 3 attempt(s)" in failed.error and "TimeLimitExceeded" in failed.error
+    letter = DeadLetter.objects.get(task_id=audit.task_id)
+    assert letter.attempts == 3 and "TimeLimitExceeded" in letter.exception
+    assert "task.time_limit" in worker.output()
+    # The worker goes on: its threads take the next audit.
+    after = submit(f"{site.base_url}/")
+    wait_for(lambda: status_of(after) == "succeeded", timeout=30, message="the next audit")
     assert site.hits["/slow"] == 1, worker.output()
