@@ -226,8 +226,13 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # the database and idempotent, and cancelling it would leave the audit `running`
 # with its message gone if Redis came back empty (tests/faults/test_redis_restart.py).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
-CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
+# Task events (sent, received, started, succeeded: one Redis publish each) feed Flower's
+# task list and nothing else; they cost an audit a fifth of its worker CPU
+# (BENCHMARKS.md, throughput). Off unless TASK_EVENTS: Flower still shows workers,
+# queues and the broker, and `make run` keeps its Flower from turning them on.
+TASK_EVENTS = env_bool("TASK_EVENTS", False)
+CELERY_WORKER_SEND_TASK_EVENTS = TASK_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = TASK_EVENTS
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -366,6 +371,8 @@ LOGGING = {
         # runtime logs as task.finished / task.retry / task.parked / task.deferred, and an
         # "ignored" line carries a whole traceback for every breaker park. Errors still show.
         "celery.app.trace": {"level": "WARNING"},
+        # "Task ... received" for every message: task.started says it, with the wait.
+        "celery.worker.strategy": {"level": "WARNING"},
     },
 }
 
@@ -377,7 +384,10 @@ WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
-AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 4, minimum=1)
+# An audit mostly waits on the network: one process of threads runs many at once in
+# a seventh of the memory of as many prefork processes (BENCHMARKS.md, throughput).
+AUDITS_WORKER_POOL = env_str("AUDITS_WORKER_POOL", "threads")
+AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 32, minimum=1)
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 1, minimum=1)
 # (The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY.)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)

@@ -48,7 +48,7 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
         ),
         "worker-audits": (
             f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits@%h"
-            f" --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
+            f" --pool {settings.AUDITS_WORKER_POOL} --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
         ),
         "worker-reaudit": (
             f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
@@ -61,7 +61,11 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
             " --loglevel INFO"
         ),
         "beat": f"{celery} beat --loglevel INFO",
-        "flower": f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}",
+        # Flower turns task events on in every worker unless told not to (TASK_EVENTS).
+        "flower": (
+            f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}"
+            f" --enable_events={settings.TASK_EVENTS}"
+        ),
     }
     if demo:
         processes["demo-site"] = (
