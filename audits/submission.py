@@ -18,14 +18,23 @@ from outbound.urls import NormalizedURL
 
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = None) -> Page:
-    page, _ = Page.objects.get_or_create(
+    """The page of `target`, created if new: a lookup, and for a new page one upsert.
+
+    The upsert (not get_or_create's savepoint, insert and release) keeps a submission
+    to two statements here; two submissions racing to create one page both get its row.
+    """
+    page = Page.objects.filter(url=target.url).first()
+    if page is not None:
+        return page
+    page = Page(
         url=target.url,
-        defaults={
-            "domain": target.domain,
-            "reaudit_nightly": settings.REAUDIT_NEW_PAGES
-            if reaudit_nightly is None
-            else reaudit_nightly,
-        },
+        domain=target.domain,
+        reaudit_nightly=settings.REAUDIT_NEW_PAGES if reaudit_nightly is None else reaudit_nightly,
+    )
+    # On a conflict (another submission created it meanwhile) the row stays as written,
+    # the domain following from the URL, and its id comes back.
+    (page,) = Page.objects.bulk_create(
+        [page], update_conflicts=True, unique_fields=["url"], update_fields=["domain"]
     )
     return page
 
@@ -62,19 +71,21 @@ def create_and_enqueue_audit(
     the unique constraint turns the second insert into a lookup of the first
     audit, even when two callers race.
     """
-    try:
-        with transaction.atomic():
-            audit = Audit.objects.create(
-                page=page,
-                trigger=trigger,
-                idempotency_key=idempotency_key,
-                task_id=str(uuid.uuid4()),
-                callback_url=callback_url,
-                callback_secret=callback_secret,
-            )
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-        return Audit.objects.get(idempotency_key=idempotency_key), False
+    audit = Audit(
+        page=page,
+        trigger=trigger,
+        idempotency_key=idempotency_key,
+        task_id=str(uuid.uuid4()),
+        callback_url=callback_url,
+        callback_secret=callback_secret,
+    )
+    if idempotency_key is None:
+        audit.save(force_insert=True)  # nothing to collide with: no savepoint
+    else:
+        try:
+            with transaction.atomic():
+                audit.save(force_insert=True)
+        except IntegrityError:
+            return Audit.objects.get(idempotency_key=idempotency_key), False
     transaction.on_commit(lambda: enqueue_audit(audit))
     return audit, True
