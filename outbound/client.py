@@ -1,6 +1,8 @@
 """The one client factory and the one sender every outbound call goes through.
 
-`build_client` makes the httpx client: the SSRF guard at connect time (every
+`build_client` makes the httpx client, and `shared_client` keeps one per process and
+settings for every caller (page fetches, link checks, webhook deliveries): the SSRF
+guard at connect time (every
 connection, so every redirect hop, unless AUDIT_ALLOW_PRIVATE_TARGETS), one TLS
 context per process, a timeout, Plumb's user agent, no automatic redirects (the
 one redirect loop is `outbound.redirects`).
@@ -77,6 +79,29 @@ def build_client(
         follow_redirects=False,
         headers={"User-Agent": user_agent, "Accept": ACCEPT},
     )
+
+
+_shared: dict[tuple, httpx.Client] = {}
+
+
+def shared_client(
+    *, timeout: float, user_agent: str | None = None, allow_private: bool | None = None
+) -> httpx.Client:
+    """One client per process and settings, shared by its threads (httpx's pool is
+    thread-safe), so calls to a host reuse its connections instead of each paying for
+    a client and a connection. Keyed by the process too: a forked child never shares
+    its parent's sockets."""
+    if user_agent is None:
+        user_agent = settings.AUDIT_USER_AGENT
+    if allow_private is None:
+        allow_private = settings.AUDIT_ALLOW_PRIVATE_TARGETS
+    key = (os.getpid(), timeout, user_agent, allow_private)
+    client = _shared.get(key)
+    if client is None:
+        client = _shared[key] = build_client(
+            timeout=timeout, user_agent=user_agent, allow_private=allow_private
+        )
+    return client
 
 
 def admission_key_for_url(url: httpx.URL | str) -> str:

@@ -19,7 +19,7 @@ import httpx
 from django.conf import settings
 
 from jobs.errors import Permanent, Transient
-from outbound.client import OutboundClient, build_client
+from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient
@@ -114,23 +114,23 @@ def check_http(url: str) -> LinkOutcome:
     """GET the link (no body read), following up to five redirects, host by host politely."""
     timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
     chain = RedirectChain(url)
-    with build_client(timeout=timeout) as http:
-        outbound = OutboundClient(http, slots=link_check_slots())
-        try:
-            response = chain.follow(outbound, deadline=time.monotonic() + timeout)
-        except TargetNotAllowed as exc:
-            return LinkOutcome(SKIPPED, detail=f"not checked: {exc}")
-        except TooManyRedirects as exc:
-            return LinkOutcome(BROKEN, exc.status_code, chain.current, detail="too many redirects")
-        except UnfollowableRedirect as exc:
-            return LinkOutcome(BROKEN, exc.status_code, chain.current, detail=str(exc))
-        except httpx.TimeoutException as exc:
-            raise Transient(f"timed out after {timeout:g}s checking {chain.current}") from exc
-        except httpx.TransportError as exc:
-            if _does_not_resolve(exc):
-                return LinkOutcome(BROKEN, final_url=chain.current, detail="host does not resolve")
-            raise Transient(f"could not check {chain.current}: {exc}") from exc
-        response.close()
+    http = shared_client(timeout=timeout)
+    outbound = OutboundClient(http, slots=link_check_slots())
+    try:
+        response = chain.follow(outbound, deadline=time.monotonic() + timeout)
+    except TargetNotAllowed as exc:
+        return LinkOutcome(SKIPPED, detail=f"not checked: {exc}")
+    except TooManyRedirects as exc:
+        return LinkOutcome(BROKEN, exc.status_code, chain.current, detail="too many redirects")
+    except UnfollowableRedirect as exc:
+        return LinkOutcome(BROKEN, exc.status_code, chain.current, detail=str(exc))
+    except httpx.TimeoutException as exc:
+        raise Transient(f"timed out after {timeout:g}s checking {chain.current}") from exc
+    except httpx.TransportError as exc:
+        if _does_not_resolve(exc):
+            return LinkOutcome(BROKEN, final_url=chain.current, detail="host does not resolve")
+        raise Transient(f"could not check {chain.current}: {exc}") from exc
+    response.close()
     status = response.status_code
     answer = classify_status(status)
     if answer.retryable:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from jobs.errors import Permanent, Transient
-from outbound.client import OutboundClient, build_client
+from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import classify_status, unwanted_answer
@@ -61,34 +61,32 @@ def fetch_page(
     started = time.monotonic()
     deadline = started + timeout
     chain = RedirectChain(url)
-    with build_client(
-        timeout=timeout, user_agent=user_agent, allow_private=allow_private
-    ) as client:
-        try:
-            response = chain.follow(OutboundClient(client), deadline=deadline)
-        except TargetNotAllowed as exc:
-            raise Permanent(f"refused to fetch {chain.current}: {exc}") from exc
-        except TooManyRedirects as exc:
-            raise Permanent(str(exc)) from None
-        except UnfollowableRedirect as exc:
-            raise Permanent(
-                f"{chain.current} redirects to {exc.location!r}, which cannot be fetched: {exc}"
-            ) from None
-        except httpx.TimeoutException as exc:
-            raise Transient(f"timed out after {timeout:g}s fetching {chain.current}") from exc
-        except httpx.TransportError as exc:
-            raise Transient(
-                f"could not fetch {chain.current}: {exc.__class__.__name__}: {exc}"
-            ) from exc
-        try:
-            ttfb_ms = (time.monotonic() - started) * 1000
-            if classify_status(response.status_code).retryable:
-                raise unwanted_answer(f"{chain.current} answered {response.status_code}", response)
-            body, truncated = _read_body(
-                response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
-            )
-        finally:
-            response.close()
+    client = shared_client(timeout=timeout, user_agent=user_agent, allow_private=allow_private)
+    try:
+        response = chain.follow(OutboundClient(client), deadline=deadline)
+    except TargetNotAllowed as exc:
+        raise Permanent(f"refused to fetch {chain.current}: {exc}") from exc
+    except TooManyRedirects as exc:
+        raise Permanent(str(exc)) from None
+    except UnfollowableRedirect as exc:
+        raise Permanent(
+            f"{chain.current} redirects to {exc.location!r}, which cannot be fetched: {exc}"
+        ) from None
+    except httpx.TimeoutException as exc:
+        raise Transient(f"timed out after {timeout:g}s fetching {chain.current}") from exc
+    except httpx.TransportError as exc:
+        raise Transient(
+            f"could not fetch {chain.current}: {exc.__class__.__name__}: {exc}"
+        ) from exc
+    try:
+        ttfb_ms = (time.monotonic() - started) * 1000
+        if classify_status(response.status_code).retryable:
+            raise unwanted_answer(f"{chain.current} answered {response.status_code}", response)
+        body, truncated = _read_body(
+            response, max_bytes=max_bytes, deadline=deadline, timeout=timeout
+        )
+    finally:
+        response.close()
     return FetchedPage(
         requested_url=url,
         final_url=chain.current,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -27,7 +26,7 @@ from standardwebhooks.webhooks import Webhook
 
 from jobs.errors import Permanent, Transient
 from outbound import hostslots
-from outbound.client import OutboundClient, build_client
+from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.statuses import unwanted_answer
 from ratelimit.observations import host_key
@@ -99,7 +98,9 @@ def host_slot(url: str) -> Iterator[None]:
 
 def post(url: str, *, body: str, headers: dict[str, str]) -> int:
     """POST the body; the 2xx status it was answered with, or Transient/Permanent saying why not."""
-    outbound = OutboundClient(_client(), rate_limits=False)
+    outbound = OutboundClient(
+        shared_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS), rate_limits=False
+    )
     request = outbound.http.build_request(
         "POST", url, content=body.encode(), headers={**headers, "Content-Type": "application/json"}
     )
@@ -129,22 +130,3 @@ def _excerpt(response: httpx.Response) -> str:
         if len(excerpt) >= ERROR_BODY_BYTES:
             break
     return excerpt[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
-
-
-_clients: dict[tuple, httpx.Client] = {}
-
-
-def _client() -> httpx.Client:
-    """One client per process (and settings), so deliveries to a host reuse connections.
-
-    Keyed by the process too: a forked child never shares its parent's pooled sockets.
-    """
-    key = (
-        os.getpid(),
-        settings.WEBHOOK_TIMEOUT_SECONDS,
-        settings.AUDIT_USER_AGENT,
-        settings.AUDIT_ALLOW_PRIVATE_TARGETS,
-    )
-    if key not in _clients:
-        _clients[key] = build_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
-    return _clients[key]
