@@ -4,8 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The embedded stack is a development setup: DEBUG on, generated SECRET_KEY.
-# Production runs the same processes with DEBUG=false and a real SECRET_KEY.
+# manage.py itself runs with DEBUG on and the generated dev key; the processes
+# `runstack` starts run as in production, DEBUG off, with a key generated once in var/.
 export DEBUG ?= true
 
 .PHONY: run demo test lint bootstrap clean

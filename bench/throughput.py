@@ -68,7 +68,9 @@ LINKS = 50
 
 # Only what the benchmark must change from `make run`'s defaults.
 STACK_ENV = {
-    "DEBUG": "true",
+    # As `make run` starts its processes (devstack runstack): DEBUG off, a real key.
+    "DEBUG": "false",
+    "SECRET_KEY": "throughput-benchmark-" + "k" * 50,
     "AUDIT_ALLOW_PRIVATE_TARGETS": "true",  # the site is on 127.0.0.1
     "AUDIT_SUBMIT_BURST": "1000000",
     "AUDIT_SUBMIT_RATE_PER_MINUTE": "1000000",

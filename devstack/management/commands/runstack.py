@@ -37,6 +37,19 @@ def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
     return path.read_text().strip(), True
 
 
+def service_secret_key(var_dir: Path, configured: str) -> str:
+    """SECRET_KEY of the stack's processes: the configured one, else one generated once per
+    checkout and kept in var/ (never the dev key, which DEBUG=false refuses)."""
+    if configured and not configured.startswith(settings.DEV_SECRET_KEY_PREFIX):
+        return configured
+    path = var_dir / "secret-key"
+    if not path.exists():
+        var_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def stack_commands(demo: bool = False) -> dict[str, str]:
     """The command line of each process `make run` starts, by name (also bench/soak.py's)."""
     bin_dir = Path(sys.executable).parent
@@ -86,6 +99,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, demo: bool, **options):
         env = dict(os.environ)
+        # The service runs as it would in production, DEBUG off: under DEBUG Django keeps
+        # and formats every query, which cost a worker a third of its CPU per audit
+        # (BENCHMARKS.md, throughput). `manage.py runserver` is there for debugging.
+        env["DEBUG"] = "false"
+        env["SECRET_KEY"] = service_secret_key(Path(settings.VAR_DIR), os.environ.get("SECRET_KEY", ""))
         if demo:
             env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
         # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.
