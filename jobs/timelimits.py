@@ -80,7 +80,11 @@ def enforce(now: float | None = None) -> int:
 
 
 def _due(attempt: Attempt, elapsed: float) -> type[BaseException] | None:
-    if attempt.hard_limit and elapsed >= attempt.hard_limit and attempt.raised is not TimeLimitExceeded:
+    if (
+        attempt.hard_limit
+        and elapsed >= attempt.hard_limit
+        and attempt.raised is not TimeLimitExceeded
+    ):
         return TimeLimitExceeded
     if attempt.soft_limit and elapsed >= attempt.soft_limit and attempt.raised is None:
         return SoftTimeLimitExceeded

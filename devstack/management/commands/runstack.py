@@ -103,7 +103,9 @@ class Command(BaseCommand):
         # and formats every query, which cost a worker a third of its CPU per audit
         # (BENCHMARKS.md, throughput). `manage.py runserver` is there for debugging.
         env["DEBUG"] = "false"
-        env["SECRET_KEY"] = service_secret_key(Path(settings.VAR_DIR), os.environ.get("SECRET_KEY", ""))
+        env["SECRET_KEY"] = service_secret_key(
+            Path(settings.VAR_DIR), os.environ.get("SECRET_KEY", "")
+        )
         if demo:
             env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
         # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.
