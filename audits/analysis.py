@@ -29,7 +29,8 @@ def analyze_html(body: bytes, *, base_url: str, charset: str | None = None) -> d
     robots: list[str] = []
     hrefs: list[str] = []
     h1_count = 0
-    for element in root.iter("title", "meta", "link", "base", "a", "h1") if root is not None else ():
+    elements = root.iter("title", "meta", "link", "base", "a", "h1") if root is not None else ()
+    for element in elements:
         tag = element.tag
         if tag == "a":
             href = element.get("href")
