@@ -1,0 +1,289 @@
+#!/usr/bin/env python
+"""The capacity model at 1/100 scale: 100,000 pages across 1,000 domains in a compressed night.
+
+    .venv/bin/python bench/capacity_sim.py                 # ~25 minutes
+    .venv/bin/python bench/capacity_sim.py --pages 20000 --domains 200 --window 240
+
+docs/capacity.md predicts, from figures measured on the machine, how long a night
+takes and what it asks of Redis and PostgreSQL. This runs such a night and compares:
+
+1. Calibrate (the model's inputs, measured here): a burst of `--calibration`
+   placements (`reaudit.place`, each creating and queueing its audit) published at
+   once and drained. Gives the machine's re-audits/s when never idle, and Redis
+   commands and PostgreSQL commits per re-audit.
+2. Predict, before the night runs, from the fan-out's own slice sizes: a slice's
+   placements arrive at slice_size / slice_seconds; the workers take
+   min(arrival, capacity) and the rest queues. Predicted: the drain time (window
+   opened to last audit finished), the peak Redis commands/s and PostgreSQL
+   transactions/s (per-audit figures x the peak rate audits run at), connections.
+3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
+   domain's pages one window/pages-per-domain apart (its politeness), the stack as in
+   production: a reaudit worker of 8 threads, and one audits worker process per core,
+   each with the default threads, on PostgreSQL. Sampled every second: audits finished, Redis
+   commands (INFO), PostgreSQL commits and connections (pg_stat_database).
+
+Every page is on a local site answering at once: `Page.domain` carries the domain the
+night spaces and the breakers key on (d0.sim ... d999.sim), the URL the local port.
+Needs PostgreSQL (DATABASE_URL, or the local server); Redis is a throwaway server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from bench.services import create_database, start_redis  # noqa: E402
+from bench.throughput import BIN, Process, start_site, wait_for  # noqa: E402
+
+DAY = date(2031, 3, 1)
+CALIBRATION_DAY = date(2031, 2, 28)
+SLICE_SECONDS = 60
+
+
+class Sampler(threading.Thread):
+    """Once a second: finished audits, Redis commands, PostgreSQL commits and connections."""
+
+    def __init__(self, redis_url: str, database_url: str):
+        super().__init__(daemon=True)
+        import psycopg
+
+        self.redis = redis.Redis.from_url(redis_url)
+        self.db = psycopg.connect(database_url, autocommit=True)
+        self.samples: list[dict] = []
+        self.stopped = threading.Event()
+
+    def read(self) -> dict:
+        commands = self.redis.info("stats")["total_commands_processed"]
+        commits, backends = self.db.execute(
+            "SELECT xact_commit, numbackends FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        finished = self.db.execute(
+            "SELECT count(*) FROM audits_audit WHERE status IN ('succeeded', 'failed')"
+        ).fetchone()[0]
+        return {"t": time.time(), "redis_commands": commands, "commits": commits,
+                "connections": backends, "finished": finished}  # fmt: skip
+
+    def run(self) -> None:
+        while not self.stopped.wait(1.0):
+            self.samples.append(self.read())
+
+    def stop(self) -> list[dict]:
+        self.stopped.set()
+        self.join()
+        return self.samples
+
+
+def rates(samples: list[dict], key: str) -> list[float]:
+    return [
+        (b[key] - a[key]) / (b["t"] - a["t"]) for a, b in zip(samples, samples[1:], strict=False)
+    ]
+
+
+def peak(values: list[float], seconds: int = 10) -> float:
+    """The highest mean over `seconds` consecutive samples: a peak, not a one-second spike."""
+    if len(values) < seconds:
+        return max(values, default=0.0)
+    return max(sum(values[i : i + seconds]) / seconds for i in range(len(values) - seconds + 1))
+
+
+def django(env: dict, code: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()\n" + code],
+        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+INSERT_PAGES = """
+from audits.models import Page
+pages, domains, site = {pages}, {domains}, {site!r}
+per_domain = pages // domains
+batch = []
+for n in range(pages):
+    domain = n % domains
+    batch.append(Page(url=f"{{site}}/d{{domain}}/p{{n // domains}}", domain=f"d{{domain}}.sim"))
+    if len(batch) == 10000:
+        Page.objects.bulk_create(batch); batch = []
+Page.objects.bulk_create(batch)
+"""
+
+CALIBRATE = """
+from audits.models import Page
+from reaudit.tasks import place
+for page_id in Page.objects.order_by("id").values_list("id", flat=True)[:{count}]:
+    place.apply_async(args=[page_id, "{day}"])
+"""
+
+FAN_OUT = """
+import json
+from reaudit.models import FanOut
+from reaudit.tasks import fan_out
+fan_out.apply_async(kwargs={{"day": "{day}", "window_seconds": {window}}})
+"""
+
+NIGHT = """
+import json
+from reaudit.models import FanOut
+night = FanOut.objects.filter(day="{day}").first()
+print(json.dumps(night and {{"slice_sizes": night.slice_sizes,
+                             "window_start": night.window_start.timestamp()}}))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pages", type=int, default=100_000)
+    parser.add_argument("--domains", type=int, default=1_000)
+    parser.add_argument("--window", type=int, default=900, help="seconds in the night window")
+    parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
+    parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
+                        help="audits worker processes (default: one per core)")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    logs = Path(tempfile.mkdtemp(prefix="plumb-capacity-"))
+    print(f"logs in {logs}", flush=True)
+    redis_process, redis_url = start_redis()
+    database_url, drop = create_database(sqlite_fallback=False)
+    site, base = start_site(logs, 0.0)
+    per_domain = args.pages // args.domains
+    env = {
+        **os.environ, "DEBUG": "false", "SECRET_KEY": "capacity-simulation-" + "k" * 50,
+        "AUDIT_ALLOW_PRIVATE_TARGETS": "true", "REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        # A threads worker's connections come from a pool, as docker-compose.yml runs it.
+        "DB_POOL_MAX_SIZE": "8",
+        "REAUDIT_SLICE_SECONDS": str(SLICE_SECONDS),
+        "REAUDIT_DOMAIN_SPACING_SECONDS": str(args.window / per_domain),
+    }  # fmt: skip
+    workers: list[Process] = []
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+                       cwd=ROOT, env=env, check=True)  # fmt: skip
+        started = time.time()
+        django(env, INSERT_PAGES.format(pages=args.pages, domains=args.domains, site=base))
+        print(f"{args.pages:,} pages inserted in {time.time() - started:.0f} s", flush=True)
+
+        celery = f"{BIN / 'celery'} -A config worker --loglevel WARNING"
+        for n in range(args.audit_workers):
+            workers.append(
+                Process(
+                    f"audits-{n}", f"{celery} -Q audits -n audits{n}@%h --pool threads", env, logs
+                )
+            )
+        # Placements are short database work: threads, like the audits (docs/capacity.md).
+        workers.append(Process("reaudit", f"{celery} -Q reaudit -n reaudit@%h --pool threads --concurrency 8", env, logs))  # fmt: skip
+        sampler = Sampler(redis_url, database_url)
+        time.sleep(5)  # the workers connect
+
+        # 0. What an idle stack asks of Redis (pollers, waiting consumers) and PostgreSQL.
+        idle_start = sampler.read()
+        time.sleep(10)
+        idle_end = sampler.read()
+        idle = {
+            key: (idle_end[key] - idle_start[key]) / (idle_end["t"] - idle_start["t"])
+            for key in ("redis_commands", "commits")
+        }
+        # 1. Calibrate: a burst the workers drain flat out.
+        before = sampler.read()
+        django(env, CALIBRATE.format(count=args.calibration, day=CALIBRATION_DAY.isoformat()))
+        wait_for(lambda: sampler.read()["finished"] >= args.calibration, timeout=900,
+                 what="the calibration burst", every=0.5)  # fmt: skip
+        after = sampler.read()
+        seconds = after["t"] - before["t"]
+        capacity = args.calibration / seconds
+        redis_per_audit = (after["redis_commands"] - before["redis_commands"]) / args.calibration
+        commits_per_audit = (after["commits"] - before["commits"]) / args.calibration
+        print(f"calibration: {capacity:.1f} audits/s, {redis_per_audit:.1f} Redis commands and "
+              f"{commits_per_audit:.1f} PostgreSQL commits per audit; idle "
+              f"{idle['redis_commands']:.0f} commands/s, {idle['commits']:.1f} commits/s",
+              flush=True)  # fmt: skip
+
+        # 2. The night: fan out, then predict from its slices before it runs.
+        sampler.start()
+        django(env, FAN_OUT.format(day=DAY.isoformat(), window=args.window))
+        night = wait_for(lambda: json.loads(django(env, NIGHT.format(day=DAY.isoformat()))),
+                         timeout=600, what="the fan-out", every=1.0)  # fmt: skip
+        sizes = night["slice_sizes"]
+        backlog, finish, busiest = 0.0, 0.0, 0.0
+        for index, size in enumerate(sizes):
+            arriving = size / SLICE_SECONDS
+            taken = min(capacity, arriving + backlog / SLICE_SECONDS)
+            busiest = max(busiest, taken)
+            backlog = max(0.0, backlog + (arriving - taken) * SLICE_SECONDS)
+            finish = (index + 1) * SLICE_SECONDS
+        drain_predicted = finish + backlog / capacity
+        predicted = {
+            "drain_seconds": drain_predicted,
+            "peak_audits_per_second": busiest,
+            "peak_redis_commands_per_second": idle["redis_commands"] + busiest * redis_per_audit,
+            "peak_commits_per_second": idle["commits"] + busiest * commits_per_audit,
+        }
+        print("predicted:", json.dumps({k: round(v, 1) for k, v in predicted.items()}), flush=True)
+
+        target = args.calibration + sum(sizes)
+        wait_for(lambda: sampler.samples and sampler.samples[-1]["finished"] >= target,
+                 timeout=args.window * 4 + 600, what="the night", every=2.0)  # fmt: skip
+        samples = sampler.stop()
+        last_finished = next(s["t"] for s in samples if s["finished"] >= target)
+        measured = {
+            "drain_seconds": last_finished - night["window_start"],
+            "peak_audits_per_second": peak(rates(samples, "finished")),
+            "peak_redis_commands_per_second": peak(rates(samples, "redis_commands")),
+            "peak_commits_per_second": peak(rates(samples, "commits")),
+            "peak_connections": max(s["connections"] for s in samples),
+        }
+        results = {"pages": args.pages, "domains": args.domains, "window": args.window,
+                   "audit_workers": args.audit_workers, "capacity": capacity,
+                   "redis_per_audit": redis_per_audit, "commits_per_audit": commits_per_audit,
+                   "idle": idle,
+                   "busiest_slice": max(sizes), "predicted": predicted, "measured": measured}  # fmt: skip
+        report(results)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
+    finally:
+        for process in workers:
+            process.stop()
+        site.stop()
+        drop()
+        if redis_process is not None:
+            redis_process.terminate()
+            redis_process.wait(timeout=10)
+
+
+def report(results: dict) -> None:
+    predicted, measured = results["predicted"], results["measured"]
+    print(f"\n{results['pages']:,} pages, {results['domains']:,} domains, "
+          f"{results['window']} s window, {results['audit_workers']} audits worker processes; "
+          f"calibrated {results['capacity']:.1f} audits/s")  # fmt: skip
+    print("| measure | predicted | measured | measured / predicted |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, label in [
+        ("drain_seconds", "drain time, s (window opens to last audit)"),
+        ("peak_audits_per_second", "peak audits/s (10 s mean)"),
+        ("peak_redis_commands_per_second", "peak Redis commands/s"),
+        ("peak_commits_per_second", "peak PostgreSQL commits/s"),
+    ]:
+        print(f"| {label} | {predicted[key]:.0f} | {measured[key]:.0f} | "
+              f"{measured[key] / predicted[key]:.2f} |")  # fmt: skip
+    print(f"peak PostgreSQL connections: {measured['peak_connections']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
