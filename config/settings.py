@@ -227,8 +227,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # with its message gone if Redis came back empty (tests/faults/test_redis_restart.py).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Task events (sent, received, started, succeeded: one Redis publish each) feed Flower's
-# task list and nothing else; they cost an audit a fifth of its worker CPU
-# (BENCHMARKS.md, throughput). Off unless TASK_EVENTS: Flower still shows workers,
+# task list and nothing else; they were a tenth of an audit worker's CPU
+# (DECISIONS.md, "Throughput"). Off unless TASK_EVENTS: Flower still shows workers,
 # queues and the broker, and `make run` keeps its Flower from turning them on.
 TASK_EVENTS = env_bool("TASK_EVENTS", False)
 CELERY_WORKER_SEND_TASK_EVENTS = TASK_EVENTS
@@ -384,8 +384,8 @@ WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
-# An audit mostly waits on the network: one process of threads runs many at once in
-# a seventh of the memory of as many prefork processes (BENCHMARKS.md, throughput).
+# An audit mostly waits on the network: one process of 32 threads runs 32 at once in
+# 145 MB, where 4 prefork processes ran 4 in 563 MB (DECISIONS.md, "Throughput").
 AUDITS_WORKER_POOL = env_str("AUDITS_WORKER_POOL", "threads")
 AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 32, minimum=1)
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 1, minimum=1)
