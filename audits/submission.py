@@ -18,15 +18,18 @@ from outbound.urls import NormalizedURL
 
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = None) -> Page:
-    page, _ = Page.objects.get_or_create(
-        url=target.url,
-        defaults={
-            "domain": target.domain,
-            "reaudit_nightly": settings.REAUDIT_NEW_PAGES
-            if reaudit_nightly is None
-            else reaudit_nightly,
-        },
+    """The page of `target`, created if new. A page removed through the API comes back
+    (with its history) as a new page would: listed, re-audited as REAUDIT_NEW_PAGES says."""
+    if reaudit_nightly is None:
+        reaudit_nightly = settings.REAUDIT_NEW_PAGES
+    page, created = Page.objects.get_or_create(
+        url=target.url, defaults={"domain": target.domain, "reaudit_nightly": reaudit_nightly}
     )
+    if not created and page.removed_at is not None:
+        Page.objects.filter(id=page.id, removed_at__isnull=False).update(
+            removed_at=None, reaudit_nightly=reaudit_nightly
+        )
+        page.refresh_from_db()
     return page
 
 
