@@ -11,15 +11,24 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audits import admission, submission
+from audits import admission, pages, submission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.errors import ServiceUnavailable
 from audits.api.serializers import (
     AuditListQuerySerializer,
     AuditSerializer,
     AuditSubmissionSerializer,
+    PageDetailSerializer,
+    PageHistoryQuerySerializer,
+    PageListQuerySerializer,
+    PageSerializer,
+    PageUpdateSerializer,
 )
-from audits.models import Audit
+from audits.models import Audit, Page
+
+# Ids in a URL are parsed before any query: a value PostgreSQL's bigint cannot hold is
+# simply no page, never a database error.
+LARGEST_ID = 2**63 - 1
 
 
 def _is_uuid(value: str) -> bool:
@@ -28,6 +37,15 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _page_or_404(page_id: str) -> Page:
+    page = None
+    if page_id.isascii() and page_id.isdigit() and 0 < int(page_id) <= LARGEST_ID:
+        page = Page.objects.current().filter(id=int(page_id)).first()
+    if page is None:
+        raise NotFound("No page with that id.")
+    return page
 
 
 class AuditPagination(PageNumberPagination):
@@ -60,6 +78,8 @@ def admit(request) -> None:
 
 
 class AuditCollectionView(APIView):
+    pagination_class = AuditPagination
+
     def get_permissions(self):
         if self.request.method == "GET":
             return [TokenRequiredWhenConfigured(), TrustedCallerOnly()]
@@ -98,7 +118,7 @@ class AuditCollectionView(APIView):
         audits = (
             Audit.objects.select_related("page").filter(**filters).order_by("-created_at", "-id")
         )
-        paginator = AuditPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(audits, request, view=self)
         return paginator.get_paginated_response(
             AuditSerializer(page, many=True, context={"request": request}).data
@@ -133,3 +153,51 @@ class QueueView(APIView):
             raise ServiceUnavailable(
                 "The queue cannot be read right now.", code="queue_unavailable", retry_after=5
             ) from None
+
+
+class PageCollectionView(APIView):
+    permission_classes = [TokenRequiredWhenConfigured, TrustedCallerOnly]
+    pagination_class = AuditPagination
+
+    @extend_schema(parameters=[PageListQuerySerializer], responses=PageSerializer(many=True))
+    def get(self, request):
+        query = PageListQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        listed = pages.listed(
+            **{k: v for k, v in query.validated_data.items() if k not in {"page", "page_size"}}
+        )
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(listed, request, view=self)
+        return paginator.get_paginated_response(
+            PageSerializer(page, many=True, context={"request": request}).data
+        )
+
+
+class PageDetailView(APIView):
+    permission_classes = [TokenRequiredWhenConfigured, TrustedCallerOnly]
+
+    @extend_schema(parameters=[PageHistoryQuerySerializer], responses=PageDetailSerializer)
+    def get(self, request, page_id):
+        page = _page_or_404(page_id)
+        query = PageHistoryQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        paginator = AuditPagination()
+        history = paginator.paginate_queryset(pages.history(page), request, view=self)
+        audits = paginator.get_paginated_response(
+            AuditSerializer(history, many=True, context={"request": request}).data
+        ).data
+        context = {"request": request, "audit_history": audits}
+        return Response(PageDetailSerializer(pages.with_latest_audit(page), context=context).data)
+
+    @extend_schema(request=PageUpdateSerializer, responses=PageSerializer)
+    def patch(self, request, page_id):
+        page = _page_or_404(page_id)
+        update = PageUpdateSerializer(data=request.data)
+        update.is_valid(raise_exception=True)
+        page = pages.update(page, **update.validated_data)
+        return Response(PageSerializer(page, context={"request": request}).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, page_id):
+        pages.remove(_page_or_404(page_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
