@@ -7,11 +7,56 @@ from rest_framework import serializers
 from audits.changes import FIELDS as CHANGE_FIELDS
 from audits.models import Audit, Page
 from outbound.integrations.webhook import validate_secret
-from outbound.urls import InvalidURL, NormalizedURL, normalize_url
+from outbound.urls import (
+    MAX_HOST_LENGTH,
+    MAX_URL_LENGTH,
+    InvalidURL,
+    NormalizedURL,
+    normalize_url,
+)
+
+# What the schema says of a URL and a secret: what outbound.urls.normalize_url and
+# outbound.integrations.webhook.validate_secret accept (they stay the one check).
+# Normalizing may add the path's "/", and the normalized URL must fit MAX_URL_LENGTH.
+SUBMITTED_URL_MAX_LENGTH = MAX_URL_LENGTH - 1
+HTTP_URL_SCHEMA = {
+    "type": "string",
+    "format": "uri",
+    # Scheme, optional user info, a host of at most MAX_HOST_LENGTH, optional port, the rest.
+    "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?"
+    f"[^/?#@:]{{1,{MAX_HOST_LENGTH}}}(?::[0-9]{{1,5}})?(?:[/?#].*)?$",
+    "minLength": 1,
+    "maxLength": SUBMITTED_URL_MAX_LENGTH,
+}
+# `whsec_` + base64 of 16 to 64 bytes: 6 to 21 groups of four, or 22 ending in `==`.
+_B64 = "[A-Za-z0-9+/]"
+WEBHOOK_SECRET_SCHEMA = {
+    "type": "string",
+    "pattern": f"^whsec_(?:(?:{_B64}{{4}}){{5,20}}(?:{_B64}{{4}}|{_B64}{{3}}=|{_B64}{{2}}==)"
+    f"|(?:{_B64}{{4}}){{21}}{_B64}{{2}}==)$",
+}
+
+
+@extend_schema_field(HTTP_URL_SCHEMA)
+class HttpUrlField(serializers.CharField):
+    """An http or https URL; the serializer normalizes it (outbound.urls)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=SUBMITTED_URL_MAX_LENGTH, trim_whitespace=False, **kwargs)
+
+
+@extend_schema_field(WEBHOOK_SECRET_SCHEMA)
+class WebhookSecretField(serializers.CharField):
+    """A Standard Webhooks signing secret: write-only, never trimmed nor echoed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(write_only=True, trim_whitespace=False, **kwargs)
 
 
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a typo is an error, not silently ignored."""
+
+    refuses_unknown_fields = True  # the schema says so: additionalProperties false
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
@@ -22,22 +67,18 @@ class StrictSerializer(serializers.Serializer):
 
 
 class AuditSubmissionSerializer(StrictSerializer):
-    url = serializers.CharField(
-        max_length=4096,
-        trim_whitespace=True,
-        help_text="An http or https URL to audit.",
-    )
+    """POST /api/audits: the URL, and optionally where to POST the finished audit."""
 
-    callback_url = serializers.CharField(
-        max_length=4096,
-        trim_whitespace=True,
+    # Each needs the other (the schema's dependentRequired).
+    fields_together = ("callback_url", "callback_secret")
+
+    url = HttpUrlField(help_text="An http or https URL to audit.")
+    callback_url = HttpUrlField(
         required=False,
         help_text="An http or https URL the finished audit is POSTed to (Standard Webhooks).",
     )
-    callback_secret = serializers.CharField(
+    callback_secret = WebhookSecretField(
         required=False,
-        write_only=True,
-        trim_whitespace=True,
         help_text="The signing secret, `whsec_` + base64 of 16 to 64 random bytes. "
         "Required with callback_url; never shown again.",
     )
@@ -103,8 +144,16 @@ class ChangeSerializer(serializers.Serializer):
     )
 
 
+@extend_schema_field(
+    {"type": ["object", "null"], "description": "What the audit found; null until it succeeds."}
+)
+class ResultField(serializers.JSONField):
+    pass
+
+
 class AuditSerializer(serializers.ModelSerializer):
     url = serializers.CharField(source="page.url", read_only=True)
+    result = ResultField(read_only=True)
     page = serializers.IntegerField(source="page_id", read_only=True, help_text="The page's id.")
     changes = ChangeSerializer(
         many=True,
@@ -165,25 +214,25 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class PageUpdateSerializer(StrictSerializer):
-    """PATCH /api/pages/<id>: any of the fields; the callback's two go together."""
+    """PATCH /api/pages/<id>: any of the fields. The page callback is set (both strings)
+    or removed (both null) as a pair."""
+
+    fields_together = ("callback_url", "callback_secret")
+    null_together = ("callback_url", "callback_secret")
 
     reaudit_nightly = StrictBooleanField(
         required=False, help_text="Whether the page is audited again every night."
     )
-    callback_url = serializers.CharField(
-        max_length=4096,
-        trim_whitespace=True,
+    callback_url = HttpUrlField(
         required=False,
         allow_null=True,
         help_text="An http or https URL that `audit.changed` is POSTed to whenever an audit of "
         "this page finds a change (Standard Webhooks); null, with callback_secret null, "
         "removes the page callback.",
     )
-    callback_secret = serializers.CharField(
+    callback_secret = WebhookSecretField(
         required=False,
         allow_null=True,
-        write_only=True,
-        trim_whitespace=False,
         help_text="The signing secret, `whsec_` + base64 of 16 to 64 random bytes, or null "
         "with callback_url null. Never shown again.",
     )

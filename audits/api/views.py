@@ -4,7 +4,8 @@ import uuid
 
 import redis
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, Throttled
 from rest_framework.pagination import PageNumberPagination
@@ -14,6 +15,7 @@ from rest_framework.views import APIView
 from audits import admission, pages, submission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.errors import ServiceUnavailable
+from audits.api.schema import error
 from audits.api.serializers import (
     AuditListQuerySerializer,
     AuditSerializer,
@@ -87,13 +89,7 @@ class AuditCollectionView(APIView):
 
     @extend_schema(
         request=AuditSubmissionSerializer,
-        responses={
-            202: AuditSerializer,
-            429: OpenApiResponse(description="This address's bucket is empty; see Retry-After."),
-            503: OpenApiResponse(
-                description="backlog_full (with backlog and max_depth) or admission_unavailable."
-            ),
-        },
+        responses={202: AuditSerializer, **error(429), **error(503)},
     )
     def post(self, request):
         submitted = AuditSubmissionSerializer(data=request.data)
@@ -125,8 +121,19 @@ class AuditCollectionView(APIView):
         )
 
 
+AUDIT_ID = OpenApiParameter(
+    "audit_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The audit's id."
+)
+PAGE_ID = OpenApiParameter(
+    "page_id",
+    {"type": "integer", "minimum": 1, "maximum": LARGEST_ID},
+    OpenApiParameter.PATH,
+    description="The page's id.",
+)
+
+
 class AuditDetailView(APIView):
-    @extend_schema(responses=AuditSerializer)
+    @extend_schema(parameters=[AUDIT_ID], responses=AuditSerializer)
     def get(self, request, audit_id):
         audit = None
         if _is_uuid(audit_id):
@@ -136,16 +143,17 @@ class AuditDetailView(APIView):
         return Response(AuditSerializer(audit, context={"request": request}).data)
 
 
+QUEUE_DEPTH = inline_serializer(
+    "QueueDepth",
+    {
+        name: serializers.IntegerField(min_value=0)
+        for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
+    },
+)
+
+
 class QueueView(APIView):
-    @extend_schema(
-        responses=inline_serializer(
-            "QueueDepth",
-            {
-                name: serializers.IntegerField()
-                for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
-            },
-        )
-    )
+    @extend_schema(responses={200: QUEUE_DEPTH, **error(503)})
     def get(self, request):
         try:
             return Response(admission.queue_report())
@@ -176,7 +184,7 @@ class PageCollectionView(APIView):
 class PageDetailView(APIView):
     permission_classes = [TokenRequiredWhenConfigured, TrustedCallerOnly]
 
-    @extend_schema(parameters=[PageHistoryQuerySerializer], responses=PageDetailSerializer)
+    @extend_schema(parameters=[PAGE_ID, PageHistoryQuerySerializer], responses=PageDetailSerializer)
     def get(self, request, page_id):
         page = _page_or_404(page_id)
         query = PageHistoryQuerySerializer(data=request.query_params.dict())
@@ -189,7 +197,7 @@ class PageDetailView(APIView):
         context = {"request": request, "audit_history": audits}
         return Response(PageDetailSerializer(pages.with_latest_audit(page), context=context).data)
 
-    @extend_schema(request=PageUpdateSerializer, responses=PageSerializer)
+    @extend_schema(parameters=[PAGE_ID], request=PageUpdateSerializer, responses=PageSerializer)
     def patch(self, request, page_id):
         page = _page_or_404(page_id)
         update = PageUpdateSerializer(data=request.data)
@@ -197,7 +205,7 @@ class PageDetailView(APIView):
         page = pages.update(page, **update.validated_data)
         return Response(PageSerializer(page, context={"request": request}).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(parameters=[PAGE_ID], responses={204: None})
     def delete(self, request, page_id):
         pages.remove(_page_or_404(page_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
