@@ -61,26 +61,29 @@ def audited_page():
     return page
 
 
-def schemathesis(live_server, *options: str) -> subprocess.CompletedProcess:
-    """`schemathesis run` as a user would, with the repository's schemathesis.toml."""
+def schemathesis(live_server, workdir, *options: str) -> subprocess.CompletedProcess:
+    """`schemathesis run` as a user would, with the repository's schemathesis.toml (run
+    from `workdir`, where it keeps its replay data)."""
     command = [
         sys.executable, "-m", "schemathesis.cli", "--config-file", str(ROOT / "schemathesis.toml"),
         "run", f"{live_server.url}/api/schema", "--checks", "all", "--workers", "1",
         "--seed", "15", "--generation-database", "none", "--no-color", *options,
     ]  # fmt: skip
     return subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=180, env=dict(os.environ)
+        command, cwd=workdir, capture_output=True, text=True, timeout=180, env=dict(os.environ)
     )
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_schemathesis_finds_no_failure_with_a_token(
-    live_server, settings, open_admission, audited_page, redis_client
+    live_server, settings, open_admission, audited_page, redis_client, tmp_path
 ):
     settings.API_TOKENS = [TOKEN]
     # Every phase: examples, coverage (each constraint's edges), fuzzing, stateful (links).
-    run = schemathesis(live_server, "--max-examples", "10", "-H", f"Authorization: Bearer {TOKEN}")
+    run = schemathesis(
+        live_server, tmp_path, "--max-examples", "10", "-H", f"Authorization: Bearer {TOKEN}"
+    )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     # The stateful phase followed the links: submitted audits were read back.
     assert re.search(r"API Links:\s+[1-9]\d* covered", run.stdout), run.stdout[-3000:]
