@@ -8,7 +8,7 @@ callback. Submitting its URL again brings it back (audits.submission).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
@@ -84,3 +84,19 @@ def remove(page: Page) -> bool:
     if removed:
         log.info("page.removed", extra={"page_id": page.id})
     return bool(removed)
+
+
+def change_counts(*, now: datetime | None = None) -> dict[str, int]:
+    """Pages an audit found changed in the last day, and how many of them got worse
+    (audits.changes.got_worse): the dashboard's headline and two gauges in /metrics."""
+    since = (now or timezone.now()) - timedelta(days=1)
+    current = Page.objects.current()
+    return {
+        "pages_changed": current.filter(last_changed_at__gte=since).count(),
+        "pages_worse": Audit.objects.filter(
+            got_worse=True, finished_at__gte=since, page__in=current
+        )
+        .values("page_id")
+        .distinct()
+        .count(),
+    }
