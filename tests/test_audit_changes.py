@@ -98,3 +98,28 @@ def test_the_changes_are_computed_once_a_second_finish_changes_nothing(changing_
     first.refresh_from_db()
     assert first.changes is None and first.result["title"] == "Home"
     assert first.finished_at <= timezone.now()
+
+
+def test_the_admin_shows_the_changes_of_an_audit(client, django_user_model):
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    audit = Audit.objects.create(
+        page=page,
+        status=Audit.Status.SUCCEEDED,
+        changes=[
+            {"field": "noindex", "before": False, "after": True},
+            {
+                "field": "broken_links",
+                "before": [],
+                "after": ["https://a.example/"],
+                "added": ["https://a.example/"],
+                "removed": [],
+            },
+        ],  # fmt: skip
+        got_worse=True,
+    )
+    client.force_login(django_user_model.objects.create_superuser("ops", password="x"))
+    html = client.get(f"/admin/audits/audit/{audit.id}/change/").content.decode()
+    assert "<th>noindex</th><td>false</td><td>true</td>" in html
+    assert "<th>broken_links</th><td>(none)</td><td>https://a.example/</td>" in html
+    listed = client.get("/admin/audits/audit/?got_worse__exact=1").content.decode()
+    assert str(audit.id) in listed

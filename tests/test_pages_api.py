@@ -166,7 +166,7 @@ def test_pages_need_a_token_or_a_staff_login(django_user_model, settings):
     assert Page.objects.get().reaudit_nightly is False
 
 
-def test_a_page_callback_is_set_shown_without_its_secret_and_removed(staff_api):
+def test_a_page_callback_is_set_shown_without_its_secret_and_removed(staff_api, admin_client):
     page = make_page("https://example.org/")
     response = patch(
         staff_api,
@@ -180,12 +180,16 @@ def test_a_page_callback_is_set_shown_without_its_secret_and_removed(staff_api):
         "https://hooks.example.org/changed",
         SECRET,
     )
+    admin_page = admin_client.get(f"/admin/audits/page/{page.id}/change/")
+    assert "https://hooks.example.org/changed" in admin_page.content.decode()
     for shown in (
         response,
         staff_api.get("/api/pages"),
         staff_api.get(f"/api/pages/{page.id}"),
-        staff_api.get(f"/admin/audits/page/{page.id}/change/"),
+        admin_page,
+        admin_client.get("/admin/audits/page/"),
     ):
+        assert shown.status_code == 200
         assert SECRET not in shown.content.decode()
 
     response = patch(staff_api, page, {"callback_url": None, "callback_secret": None})
