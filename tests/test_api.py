@@ -57,6 +57,8 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
         ({"url": 42}, "url"),
         ({"url": "https://example.org/", "colour": "red"}, "colour"),
         ({"url": "https://example.org/" + "a" * 5000}, "url"),
+        ({"url": ""}, "url"),
+        ({"url": " https://example.org/"}, "url"),
     ],
 )
 def test_bad_input_names_the_field_and_writes_nothing(api, body, field):

@@ -44,6 +44,13 @@ class HttpUrlField(serializers.CharField):
     def __init__(self, **kwargs):
         super().__init__(max_length=SUBMITTED_URL_MAX_LENGTH, trim_whitespace=False, **kwargs)
 
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        # Refused, not trimmed: the schema's pattern does not allow it either.
+        if value != value.strip():
+            raise serializers.ValidationError("Must not start or end with whitespace.")
+        return value
+
 
 @extend_schema_field(WEBHOOK_SECRET_SCHEMA)
 class WebhookSecretField(serializers.CharField):
