@@ -1,18 +1,38 @@
 import json
 
 from django.contrib import admin
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from audits.models import Audit, LinkCheck, Page
 
 
+class RemovedFilter(admin.SimpleListFilter):
+    title = "removed through the API"
+    parameter_name = "removed"
+
+    def lookups(self, request, model_admin):
+        return [("no", "Current"), ("yes", "Removed")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "no":
+            return queryset.filter(removed_at=None)
+        if self.value() == "yes":
+            return queryset.exclude(removed_at=None)
+        return queryset
+
+
 @admin.register(Page)
 class PageAdmin(admin.ModelAdmin):
-    list_display = ["url", "domain", "reaudit_nightly", "created_at"]
-    list_filter = ["reaudit_nightly"]
-    search_fields = ["url", "domain"]
+    list_display = [
+        "url", "domain", "reaudit_nightly", "callback_url", "last_changed_at", "removed_at",
+        "created_at",
+    ]  # fmt: skip
+    list_filter = ["reaudit_nightly", RemovedFilter, "last_changed_at"]
+    search_fields = ["url", "domain", "callback_url"]
     list_editable = ["reaudit_nightly"]
-    readonly_fields = ["created_at"]
+    readonly_fields = ["created_at", "last_changed_at", "removed_at"]
+    # The page callback's secret is write-only (set through the API): never shown.
+    exclude = ["callback_secret"]
 
 
 class LinkCheckInline(admin.TabularInline):
@@ -44,8 +64,11 @@ class LinkCheckAdmin(admin.ModelAdmin):
 @admin.register(Audit)
 class AuditAdmin(admin.ModelAdmin):
     inlines = [LinkCheckInline]
-    list_display = ["id", "page_url", "status", "trigger", "attempts", "created_at", "finished_at"]
-    list_filter = ["status", "trigger", "created_at"]
+    list_display = [
+        "id", "page_url", "status", "trigger", "attempts", "changes_count", "got_worse",
+        "created_at", "finished_at",
+    ]  # fmt: skip
+    list_filter = ["status", "trigger", "got_worse", "created_at"]
     search_fields = ["page__url", "=id", "=task_id"]
     list_select_related = ["page"]
     raw_id_fields = ["page"]
@@ -64,14 +87,46 @@ class AuditAdmin(admin.ModelAdmin):
         "link_checks_deadline",
         "error",
         "callback_url",
+        "changes_table",
+        "got_worse",
         "result_pretty",
     ]
     # The callback secret is write-only: never shown, not even to staff.
-    exclude = ["result", "callback_secret"]
+    exclude = ["result", "changes", "callback_secret"]
 
     @admin.display(description="URL", ordering="page__url")
     def page_url(self, audit: Audit) -> str:
         return audit.page.url
+
+    @admin.display(description="Changes")
+    def changes_count(self, audit: Audit) -> str:
+        return "-" if audit.changes is None else str(len(audit.changes))
+
+    @admin.display(description="Changes since the previous succeeded audit")
+    def changes_table(self, audit: Audit):
+        if audit.changes is None:
+            return "- (no previous succeeded audit, or not succeeded)"
+        if not audit.changes:
+            return "None: the page did not change."
+        rows = format_html_join(
+            "",
+            "<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    change["field"],
+                    _shown(change["before"]),
+                    _shown(change["after"]),
+                    _shown(change.get("added", _NOT_SET)),
+                    _shown(change.get("removed", _NOT_SET)),
+                )
+                for change in audit.changes
+            ),
+        )
+        return format_html(
+            "<table><tr><th>field</th><th>before</th><th>after</th><th>added</th>"
+            "<th>removed</th></tr>{}</table>",
+            rows,
+        )
 
     @admin.display(description="Result")
     def result_pretty(self, audit: Audit):
@@ -81,3 +136,14 @@ class AuditAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+_NOT_SET = object()  # a value change has no added/removed
+
+
+def _shown(value) -> str:
+    if value is _NOT_SET:
+        return ""
+    if isinstance(value, list):
+        return ", ".join(value) if value else "(none)"
+    return json.dumps(value)

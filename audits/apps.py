@@ -6,8 +6,11 @@ class AuditsConfig(AppConfig):
     verbose_name = "Audits"
 
     def ready(self):
-        # Django's place for wiring that needs the models loaded: the queue's gauges.
+        # Django's place for wiring that needs the models loaded: the queue's gauges and
+        # the pages that changed.
         from audits.admission import queue_gauges
+        from audits.pages import change_counts
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
+        gauges.register("page_changes", change_counts)

@@ -7,9 +7,19 @@ from functools import partial
 from django.db import models, transaction
 from django.utils import timezone
 
+from audits.changes import compare, got_worse
 from audits.signals import audit_finished
 
 log = logging.getLogger(__name__)
+
+
+class PageQuerySet(models.QuerySet):
+    def current(self) -> PageQuerySet:
+        """Pages not removed through the API (a removed page keeps its audits)."""
+        return self.filter(removed_at=None)
+
+    def reaudited_nightly(self) -> PageQuerySet:
+        return self.current().filter(reaudit_nightly=True)
 
 
 class Page(models.Model):
@@ -21,6 +31,18 @@ class Page(models.Model):
         default=True, help_text="Audited again every night by the re-audit fan-out."
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    last_changed_at = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="When an audit last found a change."
+    )
+    # Where `audit.changed` is POSTed when any audit of this page finds a change (webhooks
+    # app), signed with the secret. Write-only like Audit.callback_secret.
+    callback_url = models.CharField(max_length=2048, blank=True)
+    callback_secret = models.CharField(max_length=128, blank=True)
+    removed_at = models.DateTimeField(
+        null=True, blank=True, help_text="Removed through the API: not listed, not re-audited."
+    )
+
+    objects = PageQuerySet.as_manager()
 
     class Meta:
         ordering = ["url"]
@@ -34,22 +56,58 @@ class AuditQuerySet(models.QuerySet):
     def finish(self, audit_id, *, status: str, result: dict | None = None, error: str = "") -> bool:
         """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
 
-        Once the finish commits, `audit_finished` goes out (a callback URL hears of it).
+        A success stores what changed since the page's previous succeeded audit
+        (audits.changes), computed here, once, after the link checks. Once the finish
+        commits, `audit_finished` goes out (a callback URL hears of it).
         """
-        updated = (
-            self.filter(id=audit_id)
-            .exclude(status__in=Audit.FINISHED)
-            .update(status=status, result=result, error=error, finished_at=timezone.now())
-        )
+        finished_at = timezone.now()
+        fields = {"status": status, "result": result, "error": error, "finished_at": finished_at}
+        with transaction.atomic():
+            page_id = None
+            if status == Audit.Status.SUCCEEDED:
+                page_id = self._lock_page_of_unfinished(audit_id)
+                if page_id is not None:
+                    changes = compare(self._previous_success(page_id, audit_id), result or {})
+                    fields.update(changes=changes, got_worse=got_worse(changes))
+            updated = self.filter(id=audit_id).exclude(status__in=Audit.FINISHED).update(**fields)
+            if updated and fields.get("changes"):
+                Page.objects.filter(id=page_id).update(last_changed_at=finished_at)
         if updated:
             log.info(
                 "audit.finished",
-                extra={"audit_id": str(audit_id), "status": status, "error": error},
+                extra={
+                    "audit_id": str(audit_id),
+                    "status": status,
+                    "error": error,
+                    "changes": None if fields.get("changes") is None else len(fields["changes"]),
+                },
             )
             transaction.on_commit(
                 partial(audit_finished.send, sender=Audit, audit_id=str(audit_id))
             )
         return bool(updated)
+
+    def _lock_page_of_unfinished(self, audit_id) -> int | None:
+        """The audit's page, locked until the finish commits, so two audits of one page
+        finishing together compare in turn: the second sees the first as its previous."""
+        page_id = (
+            self.filter(id=audit_id)
+            .exclude(status__in=Audit.FINISHED)
+            .values_list("page_id", flat=True)
+            .first()
+        )
+        if page_id is not None:
+            list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
+        return page_id
+
+    def _previous_success(self, page_id: int, audit_id) -> dict | None:
+        return (
+            self.filter(page_id=page_id, status=Audit.Status.SUCCEEDED)
+            .exclude(id=audit_id)
+            .order_by("-finished_at")
+            .values_list("result", flat=True)
+            .first()
+        )
 
 
 class Audit(models.Model):
@@ -82,6 +140,12 @@ class Audit(models.Model):
     # Set when the reconciler published a stuck `queued` audit again (audits.reconcile).
     requeued_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
+    # Set when an audit succeeds (audits.changes): None for the page's first success,
+    # else the list of changes since its previous succeeded audit.
+    changes = models.JSONField(null=True, blank=True)
+    got_worse = models.BooleanField(
+        default=False, help_text="The changes made the page worse (see DECISIONS.md)."
+    )
     error = models.TextField(blank=True)
     link_checks_deadline = models.DateTimeField(
         null=True, blank=True, help_text="The audit finishes by then, reporting unfinished checks."
@@ -104,6 +168,12 @@ class Audit(models.Model):
             models.Index(fields=["status", "-created_at"], name="audit_status_created_idx"),
             models.Index(fields=["trigger", "-created_at"], name="audit_trigger_created_idx"),
             models.Index(fields=["page", "-created_at"], name="audit_page_created_idx"),
+            # The dashboard's count of pages that got worse in the last day.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(got_worse=True),
+                name="audit_got_worse_idx",
+            ),
         ]
 
     def __str__(self) -> str:

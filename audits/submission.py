@@ -22,20 +22,25 @@ def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = 
 
     The upsert (not get_or_create's savepoint, insert and release) keeps a submission
     to two statements here; two submissions racing to create one page both get its row.
+    A page removed through the API comes back (with its history) as a new page would:
+    listed, re-audited as REAUDIT_NEW_PAGES says.
     """
+    if reaudit_nightly is None:
+        reaudit_nightly = settings.REAUDIT_NEW_PAGES
     page = Page.objects.filter(url=target.url).first()
-    if page is not None:
+    if page is None:
+        # On a conflict (another submission created it meanwhile) the row stays as
+        # written, the domain following from the URL, and its id comes back.
+        (page,) = Page.objects.bulk_create(
+            [Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly)],
+            update_conflicts=True, unique_fields=["url"], update_fields=["domain"],
+        )  # fmt: skip
         return page
-    page = Page(
-        url=target.url,
-        domain=target.domain,
-        reaudit_nightly=settings.REAUDIT_NEW_PAGES if reaudit_nightly is None else reaudit_nightly,
-    )
-    # On a conflict (another submission created it meanwhile) the row stays as written,
-    # the domain following from the URL, and its id comes back.
-    (page,) = Page.objects.bulk_create(
-        [page], update_conflicts=True, unique_fields=["url"], update_fields=["domain"]
-    )
+    if page.removed_at is not None:
+        Page.objects.filter(id=page.id, removed_at__isnull=False).update(
+            removed_at=None, reaudit_nightly=reaudit_nightly
+        )
+        page.refresh_from_db()
     return page
 
 

@@ -172,15 +172,22 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["audits.api.auth.TokenRequiredWhenConfigured"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "audits.api.schema.PlumbAutoSchema",
     "EXCEPTION_HANDLER": "audits.api.errors.json_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Plumb API",
-    "DESCRIPTION": "Submit URLs for audit and read the results.",
-    "VERSION": "0.1.0",
+    "DESCRIPTION": "Submit URLs for audit, read the results and what changed, manage pages.",
+    "VERSION": "0.2.0",
+    # 3.1: JSON Schema's own keywords (dependentRequired for the callback pair, type lists
+    # for nulls) say what the API accepts.
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "audits.api.schema.add_links",
+    ],
 }
 
 # --- Redis and Celery ---------------------------------------------------------

@@ -24,6 +24,8 @@ from observability.metrics import (
     COUNTERS,
     HISTOGRAMS,
     KNOWN_LABEL_VALUES,
+    PAGES_CHANGED,
+    PAGES_WORSE,
     QUEUE_BACKLOG,
     QUEUE_RETRYING,
     QUEUE_RUNNING,
@@ -84,18 +86,20 @@ def _histogram(metric, stored: dict[bytes, bytes]) -> HistogramMetricFamily:
     return family
 
 
-QUEUE_GAUGES = (
+PLAIN_GAUGES = (
     (QUEUE_BACKLOG, "backlog"),
     (QUEUE_WAITING, "waiting"),
     (QUEUE_RETRYING, "retrying"),
     (QUEUE_RUNNING, "running"),
     (QUEUE_SCHEDULED, "scheduled"),
+    (PAGES_CHANGED, "pages_changed"),
+    (PAGES_WORSE, "pages_worse"),
 )
 
 
 def _gauges() -> Iterator[Metric]:
     values = gauges.read_all()
-    for metric, field in QUEUE_GAUGES:
+    for metric, field in PLAIN_GAUGES:
         if field in values:
             yield GaugeMetricFamily(metric.name, metric.help, value=values[field])
     if any(f"breakers:{state}" in values for state in BREAKER_STATES):

@@ -1,13 +1,13 @@
 """The gauges: readings of the product's state, registered by the apps that own them.
 
 Observability reads the product only through this registry, so it imports no
-product app: `audits` registers its queue's backlog, `reaudit` the scheduled
-re-audits, `jobs` its breakers, each from its AppConfig.ready(). A reading is a
+product app: `audits` registers its queue's backlog and the pages that changed,
+`reaudit` the scheduled re-audits, `jobs` its breakers, each from its AppConfig.ready(). A reading is a
 mapping of sample field names to numbers; /metrics exposes them and the minute
 sampler keeps them for the dashboard.
 
 Fields the readers know: backlog, waiting, retrying, running, scheduled,
-breakers:<state>.
+breakers:<state>, pages_changed, pages_worse.
 """
 
 from __future__ import annotations

@@ -150,6 +150,15 @@ QUEUE_SCHEDULED = Metric(
     "plumb_queue_scheduled", "gauge", "Re-audits scheduled for later, not yet due."
 )
 BREAKERS = Metric("plumb_breakers", "gauge", "Circuit breakers in each state.", ("state",))
+PAGES_CHANGED = Metric(
+    "plumb_pages_changed", "gauge", "Pages an audit found changed in the last 24 hours."
+)
+PAGES_WORSE = Metric(
+    "plumb_pages_worse",
+    "gauge",
+    "Pages that got worse in the last 24 hours: a 2xx became an error, noindex appeared, "
+    "a security header disappeared, or a link broke.",
+)
 # --- Histograms -----------------------------------------------------------------
 AUDIT_DURATION = Metric(
     "plumb_audit_duration_seconds",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -13,9 +14,12 @@ from django.views.decorators.http import require_GET
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from observability import dashboard as plots
+from observability import gauges
 from observability.collector import exposition
 from observability.sampler import sample_once
 from observability.series import WINDOWS, stats
+
+log = logging.getLogger(__name__)
 
 
 def operator_may_read(request: HttpRequest) -> bool:
@@ -62,6 +66,21 @@ def dead_letter_admin_url() -> str:
     return reverse("admin:jobs_deadletter_changelist")
 
 
+def worse_audits_admin_url() -> str:
+    """Where an operator reads the audits that found a page worse, newest first."""
+    return reverse("admin:audits_audit_changelist") + "?got_worse__exact=1"
+
+
+def page_changes() -> dict[str, int] | None:
+    """Pages changed in the last day and how many got worse (the `audits` app's reading);
+    None, shown as a dash, when it cannot be read."""
+    try:
+        return gauges.read("page_changes")
+    except Exception:
+        log.exception("dashboard.page_changes_unavailable")
+        return None
+
+
 @staff_member_required
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
@@ -77,5 +96,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "windows": [WINDOWS[w["window"]] for w in windows],
             "dead_letters_all_time": hour["dead_letters_all_time"],
             "dead_letter_admin_url": dead_letter_admin_url(),
+            "page_changes": page_changes(),
+            "worse_audits_admin_url": worse_audits_admin_url(),
         },
     )

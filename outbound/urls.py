@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 MAX_URL_LENGTH = 2048
+# DNS names are at most 253 characters; a longer host can only be a mistake (and must
+# not reach Page.domain, 255 characters).
+MAX_HOST_LENGTH = 253
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -46,6 +49,8 @@ def normalize_url(raw: str) -> NormalizedURL:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError:
         raise InvalidURL("Has a host name that is not valid.") from None
+    if len(host) > MAX_HOST_LENGTH:
+        raise InvalidURL(f"Has a host name longer than {MAX_HOST_LENGTH} characters.")
     host_for_netloc = f"[{host}]" if ":" in host else host
     netloc = host_for_netloc
     if port is not None and port != DEFAULT_PORTS[scheme]:

@@ -132,7 +132,7 @@ def fan_out(
 def _placements(night: FanOut) -> Iterator[Placement]:
     """The night's placements, streamed from the pages in (domain, id) order."""
     pages = (
-        Page.objects.filter(reaudit_nightly=True)
+        Page.objects.reaudited_nightly()
         .order_by("domain", "id")
         .values_list("id", "domain")
         .iterator(chunk_size=BATCH_SIZE)
@@ -355,14 +355,14 @@ def fire_placement(page_id: int, day: date) -> Audit | None:
 
     A duplicate (a redelivery, a second fan-out, two beats) finds the audit by its
     idempotency key and creates and enqueues nothing. A page deleted or no longer
-    marked for re-audit since the fan-out is skipped.
+    marked for re-audit since the fan-out (or removed through the API) is skipped.
     """
-    page = Page.objects.filter(id=page_id).first()
+    page = Page.objects.reaudited_nightly().filter(id=page_id).first()
     with transaction.atomic():
         Placement.objects.filter(fan_out__day=day, page_id=page_id, fired_at=None).update(
             fired_at=timezone.now()
         )
-        if page is None or not page.reaudit_nightly:
+        if page is None:
             log.info("reaudit.placement_skipped", extra={"page_id": page_id, "day": str(day)})
             return None
         audit, created = create_and_enqueue_audit(

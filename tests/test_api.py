@@ -39,9 +39,11 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
     assert body["links"]["self"].endswith(f"/api/audits/{body['id']}")
     assert response["Location"] == body["links"]["self"]
     assert set(body) == {
-        "id", "url", "status", "trigger", "attempts", "created_at", "started_at",
-        "finished_at", "result", "error", "callback_url", "links",
+        "id", "url", "page", "status", "trigger", "attempts", "created_at", "started_at",
+        "finished_at", "result", "changes", "got_worse", "error", "callback_url", "links",
     }  # fmt: skip
+    assert body["page"] == Page.objects.get().id
+    assert body["changes"] is None and body["got_worse"] is False
     assert len(callbacks) == 1  # the enqueue waits for the commit
     assert Page.objects.get().reaudit_nightly is True
 
@@ -55,6 +57,8 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
         ({"url": 42}, "url"),
         ({"url": "https://example.org/", "colour": "red"}, "colour"),
         ({"url": "https://example.org/" + "a" * 5000}, "url"),
+        ({"url": ""}, "url"),
+        ({"url": " https://example.org/"}, "url"),
     ],
 )
 def test_bad_input_names_the_field_and_writes_nothing(api, body, field):
@@ -173,3 +177,14 @@ def test_with_api_tokens_set_every_audit_call_needs_one(api, settings):
     assert api.get(f"/api/audits/{created.json()['id']}").status_code == 200
     assert api.get("/api/audits").json()["count"] == 1
     assert Audit.objects.count() == 1
+
+
+def test_an_audit_shows_what_changed_since_the_pages_previous_audit(api):
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    changes = [{"field": "noindex", "before": False, "after": True}]
+    audit = Audit.objects.create(
+        page=page, status=Audit.Status.SUCCEEDED, changes=changes, got_worse=True
+    )
+    body = api.get(f"/api/audits/{audit.id}").json()
+    assert body["changes"] == changes and body["got_worse"] is True
+    assert body["page"] == page.id

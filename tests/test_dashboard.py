@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from audits import admission
+from audits.models import Audit, Page
 from observability import metrics
 from observability.charts import Series, line_chart
 from observability.sampler import sample_once
 from observability.series import stats
+from tests.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db
 
@@ -139,3 +143,37 @@ def test_a_missing_value_breaks_the_line_instead_of_drawing_zero():
     svg = line_chart("c", "t", [0, 60, 120, 180], [Series("s", "S", [1, 2, None, 3], "#000")])
     assert svg.count("<polyline") == 1  # the first two points
     assert svg.count("<circle") == 1  # the lone last point
+
+
+def test_the_dashboard_counts_pages_changed_in_the_last_day_and_those_that_got_worse(
+    client, redis_client
+):
+    now = timezone.now()
+    worse, better, stale, removed = (
+        Page.objects.create(url=f"https://example.org/{name}", domain="example.org")
+        for name in ("worse", "better", "stale", "removed")
+    )
+    for page, got_worse, when in (
+        (worse, True, now - timedelta(hours=3)),
+        (better, False, now - timedelta(hours=1)),
+        (stale, True, now - timedelta(days=2)),  # before the last day
+        (removed, True, now - timedelta(hours=2)),
+    ):
+        Audit.objects.create(
+            page=page,
+            status=Audit.Status.SUCCEEDED,
+            finished_at=when,
+            changes=[{"field": "title", "before": "a", "after": "b"}],
+            got_worse=got_worse,
+        )
+        Page.objects.filter(id=page.id).update(last_changed_at=when)
+    Page.objects.filter(id=removed.id).update(removed_at=now)
+
+    client.force_login(get_user_model().objects.create_user("ops", password="pw", is_staff=True))
+    html = client.get("/dashboard/").content.decode()
+    assert 'data-total="pages_changed">2<' in html
+    assert 'data-total="pages_worse">1<' in html
+    assert 'href="/admin/audits/audit/?got_worse__exact=1"' in html
+    samples = scrape()
+    assert samples[("plumb_pages_changed", ())] == 2
+    assert samples[("plumb_pages_worse", ())] == 1

@@ -8,6 +8,7 @@ from webhooks.models import Delivery
 class DeliveryAdmin(admin.ModelAdmin):
     list_display = [
         "id",
+        "event",
         "url",
         "audit_link",
         "status",
@@ -17,7 +18,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "delivered_at",
         "created_at",
     ]
-    list_filter = ["status", "created_at"]
+    list_filter = ["event", "status", "created_at"]
     search_fields = ["url", "=id", "=audit__id", "=task_id"]
     list_select_related = ["audit"]
     raw_id_fields = ["audit"]
@@ -26,6 +27,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "id",
         "webhook_id",
         "audit",
+        "event",
         "url",
         "status",
         "attempts",

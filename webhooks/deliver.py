@@ -1,8 +1,10 @@
-"""Delivering a finished audit to its callback URL: the plain functions behind the task.
+"""Delivering an audit's events to callback URLs: the plain functions behind the task.
 
-The signing, the POST and the destination host's slots are the webhook
-integration's (`outbound.integrations.webhook`); this module keeps the
-deliveries' rows: creating, claiming and recording each attempt.
+`audit.finished` goes to the submission's callback URL, signed with its secret;
+`audit.changed` to the page callback, signed with the page's secret, when the
+finished audit found changes. The signing, the POST and the destination host's
+slots are the webhook integration's (`outbound.integrations.webhook`); this module
+keeps the deliveries' rows: creating, claiming and recording each attempt.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPE = "audit.finished"
-
 
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
@@ -36,20 +36,29 @@ class Outcome(enum.Enum):
 # --- The payload ------------------------------------------------------------------
 
 
-def payload_for(audit: Audit) -> dict:
+def payload_for(audit: Audit, event: str = Delivery.Event.FINISHED) -> dict:
     return {
-        "type": EVENT_TYPE,
+        "type": event,
         "timestamp": (audit.finished_at or timezone.now()).isoformat(),
         "data": AuditSerializer(audit).data,
     }
+
+
+def signing_secret(delivery: Delivery) -> str | None:
+    """The secret the delivery is signed with; None when an `audit.changed` delivery's page
+    callback was changed or removed since: the old address is owed nothing any more."""
+    if delivery.event == Delivery.Event.CHANGED:
+        page = delivery.audit.page
+        return page.callback_secret if page.callback_url == delivery.url else None
+    return delivery.audit.callback_secret
 
 
 # --- Creating --------------------------------------------------------------------
 
 
 def create_delivery(audit_id) -> tuple[Delivery | None, bool]:
-    """The finished audit's delivery, created if new: (delivery, created); (None, False)
-    when the audit has no callback URL."""
+    """The finished audit's `audit.finished` delivery, created if new: (delivery, created);
+    (None, False) when the audit has no callback URL."""
     audit = (
         Audit.objects.filter(id=audit_id)
         .exclude(callback_url="")
@@ -60,7 +69,29 @@ def create_delivery(audit_id) -> tuple[Delivery | None, bool]:
         return None, False
     return Delivery.objects.get_or_create(
         audit_id=audit.id,
+        event=Delivery.Event.FINISHED,
         defaults={"url": audit.callback_url, "task_id": str(uuid.uuid4())},
+    )
+
+
+def create_change_delivery(audit_id) -> tuple[Delivery | None, bool]:
+    """The `audit.changed` delivery of an audit that found changes, to its page's callback,
+    created if new; (None, False) when nothing changed or the page has no callback."""
+    audit = (
+        Audit.objects.filter(id=audit_id, status=Audit.Status.SUCCEEDED)
+        .exclude(changes=[])
+        .exclude(changes__isnull=True)
+        .exclude(page__callback_url="")
+        .filter(page__removed_at=None)
+        .values("id", "page__callback_url")
+        .first()
+    )
+    if audit is None:
+        return None, False
+    return Delivery.objects.get_or_create(
+        audit_id=audit["id"],
+        event=Delivery.Event.CHANGED,
+        defaults={"url": audit["page__callback_url"], "task_id": str(uuid.uuid4())},
     )
 
 
@@ -122,10 +153,12 @@ def attempt_delivery(delivery_id: str) -> Outcome:
     delivery = claim_delivery(delivery_id)
     if delivery is None:
         return Outcome.GONE
-    body = json.dumps(payload_for(delivery.audit), separators=(",", ":"))
-    headers = webhook.signed_headers(
-        secret=delivery.audit.callback_secret, webhook_id=delivery.webhook_id, body=body
-    )
+    secret = signing_secret(delivery)
+    if secret is None:
+        mark_failed(delivery_id, error="the page callback was changed or removed before delivery")
+        return Outcome.GONE
+    body = json.dumps(payload_for(delivery.audit, delivery.event), separators=(",", ":"))
+    headers = webhook.signed_headers(secret=secret, webhook_id=delivery.webhook_id, body=body)
     # Give a pooled database connection back for the request: a slow receiver
     # must not hold one of the few connections every other thread needs.
     close_old_connections()
@@ -142,7 +175,12 @@ def attempt_delivery(delivery_id: str) -> Outcome:
     )
     log.info(
         "webhook.delivered",
-        extra={"delivery_id": delivery_id, "attempt": delivery.attempts, "status": status_code},
+        extra={
+            "delivery_id": delivery_id,
+            "event": delivery.event,
+            "attempt": delivery.attempts,
+            "status": status_code,
+        },
     )
     return Outcome.DELIVERED
 

@@ -6,7 +6,15 @@ from django.db import models
 
 
 class Delivery(models.Model):
-    """One finished audit POSTed to its callback URL, over as many attempts as it takes."""
+    """One event about an audit POSTed to a callback URL, over as many attempts as it takes.
+
+    `audit.finished` goes to the submission's own callback URL; `audit.changed` to the
+    page callback, when the audit found changes. At most one of each per audit.
+    """
+
+    class Event(models.TextChoices):
+        FINISHED = "audit.finished"
+        CHANGED = "audit.changed"
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -20,7 +28,8 @@ class Delivery(models.Model):
     # Also the Standard Webhooks `webhook-id`: the same on every attempt, so a
     # receiver can drop a repeat.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    audit = models.OneToOneField("audits.Audit", on_delete=models.CASCADE, related_name="delivery")
+    audit = models.ForeignKey("audits.Audit", on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=32, choices=Event.choices, default=Event.FINISHED)
     url = models.CharField(max_length=2048)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -35,6 +44,9 @@ class Delivery(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(fields=["audit", "event"], name="delivery_audit_event_unique")
+        ]
         indexes = [models.Index(fields=["status", "-created_at"], name="delivery_status_idx")]
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
-"""Delivering finished audits to their callback URLs: the task, and where it is published.
+"""Delivering audits' events to callback URLs: the task, and where it is published.
 
 `audits` announces a committed finish (audits.signals.audit_finished); the delivery
-row is created here and its message published on commit. Every wait of a delivery
+rows (`audit.finished` to the submission's callback, `audit.changed` to the page's)
+are created here and their messages published on commit. Every wait of a delivery
 (a retry, a busy destination, an open breaker) goes to the delayed store, never into
 a worker as an ETA message: a webhooks worker holds only the deliveries it runs.
 """
@@ -78,10 +79,22 @@ def deliver_webhook(self, delivery_id: str) -> None:
 
 @receiver(audit_finished, dispatch_uid="webhooks.schedule_delivery")
 def schedule_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
-    """Create the finished audit's delivery and publish it on commit; nothing without a
-    callback URL. One delivery per audit (a one-to-one row): a second call changes nothing."""
+    """Create the finished audit's `audit.finished` delivery and publish it on commit;
+    nothing without a callback URL. One per audit (unique with its event): a second call
+    changes nothing."""
+    return _schedule(deliver.create_delivery, audit_id)
+
+
+@receiver(audit_finished, dispatch_uid="webhooks.schedule_change_delivery")
+def schedule_change_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
+    """The same for `audit.changed` to the page callback, when the audit found changes,
+    whatever started it (a submission or the nightly re-audit)."""
+    return _schedule(deliver.create_change_delivery, audit_id)
+
+
+def _schedule(create, audit_id) -> Delivery | None:
     with transaction.atomic():
-        delivery, created = deliver.create_delivery(audit_id)
+        delivery, created = create(audit_id)
         if created:
             transaction.on_commit(lambda: enqueue_delivery(delivery))
     return delivery
@@ -91,7 +104,7 @@ def enqueue_delivery(delivery: Delivery) -> None:
     deliver_webhook.apply_async(
         args=[str(delivery.id)], task_id=delivery.task_id, queue=settings.WEBHOOK_QUEUE
     )
-    log.info("webhook.enqueued", extra={"delivery_id": str(delivery.id)})
+    log.info("webhook.enqueued", extra={"delivery_id": str(delivery.id), "event": delivery.event})
 
 
 def redeliver(delivery: Delivery) -> bool:

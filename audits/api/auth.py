@@ -1,9 +1,10 @@
 """Who may call the API.
 
 Without API_TOKENS, submitting is open and an audit is readable by whoever holds
-its id (a random UUID); listing audits needs a staff session or a token, since a
-list would hand out every id. With API_TOKENS set, every audit endpoint needs
-`Authorization: Bearer <token>` (or a staff session).
+its id (a random UUID); listing audits, and every pages endpoint, needs a staff
+session or a token, since a list would hand out every id. With API_TOKENS set,
+every API endpoint but the schema needs `Authorization: Bearer <token>` (or a
+staff session).
 """
 
 from __future__ import annotations
@@ -57,11 +58,18 @@ class TokenRequiredWhenConfigured(BasePermission):
     message = "An API token is required."
 
     def has_permission(self, request, view):
-        return not settings.API_TOKENS or _is_trusted(request)
+        return self.allows_anonymous() or _is_trusted(request)
+
+    def allows_anonymous(self) -> bool:
+        """Whether a caller without credentials gets through (the schema says so)."""
+        return not settings.API_TOKENS
 
 
 class TrustedCallerOnly(BasePermission):
-    message = "Listing audits needs an API token or a staff login."
+    message = "This needs an API token or a staff login."
 
     def has_permission(self, request, view):
         return _is_trusted(request)
+
+    def allows_anonymous(self) -> bool:
+        return False

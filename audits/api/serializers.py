@@ -1,15 +1,69 @@
 from __future__ import annotations
 
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from audits.models import Audit
+from audits.changes import FIELDS as CHANGE_FIELDS
+from audits.models import Audit, Page
 from outbound.integrations.webhook import validate_secret
-from outbound.urls import InvalidURL, NormalizedURL, normalize_url
+from outbound.urls import (
+    MAX_HOST_LENGTH,
+    MAX_URL_LENGTH,
+    InvalidURL,
+    NormalizedURL,
+    normalize_url,
+)
+
+# What the schema says of a URL and a secret: what outbound.urls.normalize_url and
+# outbound.integrations.webhook.validate_secret accept (they stay the one check).
+# Normalizing may add the path's "/", and the normalized URL must fit MAX_URL_LENGTH.
+SUBMITTED_URL_MAX_LENGTH = MAX_URL_LENGTH - 1
+HTTP_URL_SCHEMA = {
+    "type": "string",
+    "format": "uri",
+    # Scheme, optional user info, a host of at most MAX_HOST_LENGTH, optional port, the rest.
+    "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?"
+    f"[^/?#@:]{{1,{MAX_HOST_LENGTH}}}(?::[0-9]{{1,5}})?(?:[/?#].*)?$",
+    "minLength": 1,
+    "maxLength": SUBMITTED_URL_MAX_LENGTH,
+}
+# `whsec_` + base64 of 16 to 64 bytes: 6 to 21 groups of four, or 22 ending in `==`.
+_B64 = "[A-Za-z0-9+/]"
+WEBHOOK_SECRET_SCHEMA = {
+    "type": "string",
+    "pattern": f"^whsec_(?:(?:{_B64}{{4}}){{5,20}}(?:{_B64}{{4}}|{_B64}{{3}}=|{_B64}{{2}}==)"
+    f"|(?:{_B64}{{4}}){{21}}{_B64}{{2}}==)$",
+}
+
+
+@extend_schema_field(HTTP_URL_SCHEMA)
+class HttpUrlField(serializers.CharField):
+    """An http or https URL; the serializer normalizes it (outbound.urls)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=SUBMITTED_URL_MAX_LENGTH, trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        # Refused, not trimmed: the schema's pattern does not allow it either.
+        if value != value.strip():
+            raise serializers.ValidationError("Must not start or end with whitespace.")
+        return value
+
+
+@extend_schema_field(WEBHOOK_SECRET_SCHEMA)
+class WebhookSecretField(serializers.CharField):
+    """A Standard Webhooks signing secret: write-only, never trimmed nor echoed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(write_only=True, trim_whitespace=False, **kwargs)
 
 
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a typo is an error, not silently ignored."""
+
+    refuses_unknown_fields = True  # the schema says so: additionalProperties false
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
@@ -20,22 +74,18 @@ class StrictSerializer(serializers.Serializer):
 
 
 class AuditSubmissionSerializer(StrictSerializer):
-    url = serializers.CharField(
-        max_length=4096,
-        trim_whitespace=True,
-        help_text="An http or https URL to audit.",
-    )
+    """POST /api/audits: the URL, and optionally where to POST the finished audit."""
 
-    callback_url = serializers.CharField(
-        max_length=4096,
-        trim_whitespace=True,
+    # Each needs the other (the schema's dependentRequired).
+    fields_together = ("callback_url", "callback_secret")
+
+    url = HttpUrlField(help_text="An http or https URL to audit.")
+    callback_url = HttpUrlField(
         required=False,
         help_text="An http or https URL the finished audit is POSTed to (Standard Webhooks).",
     )
-    callback_secret = serializers.CharField(
+    callback_secret = WebhookSecretField(
         required=False,
-        write_only=True,
-        trim_whitespace=True,
         help_text="The signing secret, `whsec_` + base64 of 16 to 64 random bytes. "
         "Required with callback_url; never shown again.",
     )
@@ -47,33 +97,78 @@ class AuditSubmissionSerializer(StrictSerializer):
             raise serializers.ValidationError(str(exc)) from None
 
     def validate_callback_url(self, value: str) -> str:
-        try:
-            return normalize_url(value).url
-        except InvalidURL as exc:
-            raise serializers.ValidationError(str(exc)) from None
+        return valid_callback_url(value)
 
     def validate_callback_secret(self, value: str) -> str:
-        try:
-            return validate_secret(value)
-        except ValueError as exc:
-            # The message never repeats the value: it is a secret.
-            raise serializers.ValidationError(str(exc)) from None
+        return valid_callback_secret(value)
 
     def validate(self, data):
-        if ("callback_url" in data) != ("callback_secret" in data):
-            missing = "callback_secret" if "callback_url" in data else "callback_url"
-            raise serializers.ValidationError(
-                {missing: ["callback_url and callback_secret go together."]}
-            )
+        require_callback_pair(data)
         return data
 
 
-class AuditLinksSerializer(serializers.Serializer):
-    self = serializers.CharField()
+def valid_callback_url(value: str) -> str:
+    """A callback URL, normalized as a submitted URL is."""
+    try:
+        return normalize_url(value).url
+    except InvalidURL as exc:
+        raise serializers.ValidationError(str(exc)) from None
+
+
+def valid_callback_secret(value: str) -> str:
+    try:
+        return validate_secret(value)
+    except ValueError as exc:
+        # The message never repeats the value: it is a secret.
+        raise serializers.ValidationError(str(exc)) from None
+
+
+def require_callback_pair(data: dict) -> None:
+    if ("callback_url" in data) != ("callback_secret" in data):
+        missing = "callback_secret" if "callback_url" in data else "callback_url"
+        raise serializers.ValidationError(
+            {missing: ["callback_url and callback_secret go together."]}
+        )
+
+
+class LinksSerializer(serializers.Serializer):
+    self = serializers.CharField(help_text="This resource's URL.")
+
+
+class ChangeSerializer(serializers.Serializer):
+    field = serializers.ChoiceField(choices=CHANGE_FIELDS)
+    before = serializers.JSONField(help_text="The value in the previous succeeded audit.")
+    after = serializers.JSONField(help_text="The value in this audit.")
+    added = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="missing_security_headers: headers now missing; broken_links: newly broken.",
+    )
+    removed = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="missing_security_headers: headers now sent; broken_links: fixed.",
+    )
+
+
+@extend_schema_field(
+    {"type": ["object", "null"], "description": "What the audit found; null until it succeeds."}
+)
+class ResultField(serializers.JSONField):
+    pass
 
 
 class AuditSerializer(serializers.ModelSerializer):
     url = serializers.CharField(source="page.url", read_only=True)
+    result = ResultField(read_only=True)
+    page = serializers.IntegerField(source="page_id", read_only=True, help_text="The page's id.")
+    changes = ChangeSerializer(
+        many=True,
+        read_only=True,
+        allow_null=True,
+        help_text="A succeeded audit's changes since the page's previous succeeded audit: "
+        "null for the page's first (or when not succeeded), [] when nothing changed.",
+    )
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -81,6 +176,7 @@ class AuditSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "url",
+            "page",
             "status",
             "trigger",
             "attempts",
@@ -88,16 +184,24 @@ class AuditSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "result",
+            "changes",
+            "got_worse",
             "error",
             "callback_url",
             "links",
         ]
         read_only_fields = fields
 
+    @extend_schema_field(LinksSerializer)
     def get_links(self, audit: Audit) -> dict:
-        path = reverse("audit-detail", kwargs={"audit_id": audit.id})
-        request = self.context.get("request")
-        return {"self": request.build_absolute_uri(path) if request else path}
+        return links_to(self.context, "audit-detail", audit_id=audit.id)
+
+
+def links_to(context: dict, view_name: str, **kwargs) -> dict:
+    """{"self": the resource's absolute URL (its path without a request)}."""
+    path = reverse(view_name, kwargs=kwargs)
+    request = context.get("request")
+    return {"self": request.build_absolute_uri(path) if request else path}
 
 
 class AuditListQuerySerializer(StrictSerializer):
@@ -105,3 +209,151 @@ class AuditListQuerySerializer(StrictSerializer):
     trigger = serializers.ChoiceField(choices=Audit.Trigger.choices, required=False)
     page = serializers.IntegerField(min_value=1, required=False)
     page_size = serializers.IntegerField(min_value=1, max_value=100, required=False)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only: DRF's own also takes "yes", 1 and "on", which the schema does not."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        self.fail("invalid", input=data)
+
+
+class PageUpdateSerializer(StrictSerializer):
+    """PATCH /api/pages/<id>: any of the fields. The page callback is set (both strings)
+    or removed (both null) as a pair."""
+
+    fields_together = ("callback_url", "callback_secret")
+    null_together = ("callback_url", "callback_secret")
+
+    reaudit_nightly = StrictBooleanField(
+        required=False, help_text="Whether the page is audited again every night."
+    )
+    callback_url = HttpUrlField(
+        required=False,
+        allow_null=True,
+        help_text="An http or https URL that `audit.changed` is POSTed to whenever an audit of "
+        "this page finds a change (Standard Webhooks); null, with callback_secret null, "
+        "removes the page callback.",
+    )
+    callback_secret = WebhookSecretField(
+        required=False,
+        allow_null=True,
+        help_text="The signing secret, `whsec_` + base64 of 16 to 64 random bytes, or null "
+        "with callback_url null. Never shown again.",
+    )
+
+    def validate_callback_url(self, value: str | None) -> str | None:
+        return None if value is None else valid_callback_url(value)
+
+    def validate_callback_secret(self, value: str | None) -> str | None:
+        return None if value is None else valid_callback_secret(value)
+
+    def validate(self, data):
+        require_callback_pair(data)
+        if (data.get("callback_url") is None) != (data.get("callback_secret") is None):
+            null = "callback_url" if data.get("callback_url") is None else "callback_secret"
+            raise serializers.ValidationError(
+                {null: ["Both null (removing the page callback) or neither."]}
+            )
+        return data
+
+
+class LatestAuditSerializer(serializers.ModelSerializer):
+    changes = ChangeSerializer(many=True, read_only=True, allow_null=True)
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Audit
+        fields = ["id", "status", "finished_at", "changes", "got_worse", "links"]
+        read_only_fields = fields
+
+    @extend_schema_field(LinksSerializer)
+    def get_links(self, audit: Audit) -> dict:
+        return links_to(self.context, "audit-detail", audit_id=audit.id)
+
+
+class PageSerializer(serializers.ModelSerializer):
+    callback_url = serializers.SerializerMethodField(
+        help_text="Where `audit.changed` is POSTed; null without a page callback."
+    )
+    latest_audit = serializers.SerializerMethodField(
+        help_text="The page's newest audit, whatever its status; null before its first."
+    )
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Page
+        fields = [
+            "id",
+            "url",
+            "domain",
+            "reaudit_nightly",
+            "callback_url",
+            "latest_audit",
+            "last_changed_at",
+            "created_at",
+            "links",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": ["string", "null"], "format": "uri"})
+    def get_callback_url(self, page: Page) -> str | None:
+        return page.callback_url or None
+
+    @extend_schema_field(LatestAuditSerializer(allow_null=True))
+    def get_latest_audit(self, page: Page) -> dict | None:
+        # `latest_audits` is prefetched (newest first, one row) by the views.
+        latest = getattr(page, "latest_audits", None)
+        if latest is None:
+            latest = list(page.audits.order_by("-created_at", "-id")[:1])
+        return LatestAuditSerializer(latest[0], context=self.context).data if latest else None
+
+    @extend_schema_field(LinksSerializer)
+    def get_links(self, page: Page) -> dict:
+        return links_to(self.context, "page-detail", page_id=page.id)
+
+
+class PageListQuerySerializer(StrictSerializer):
+    domain = serializers.CharField(
+        max_length=255, required=False, help_text="Only pages of this host name (exact)."
+    )
+    reaudit_nightly = serializers.ChoiceField(
+        choices=["true", "false"],
+        required=False,
+        help_text="Only pages re-audited nightly, or not.",
+    )
+    changed_since = serializers.DateTimeField(
+        required=False, help_text="Only pages whose last change was found at or after this time."
+    )
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=100, required=False)
+
+
+class PageHistoryQuerySerializer(StrictSerializer):
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=100, required=False)
+
+
+class AuditHistorySerializer(serializers.Serializer):
+    """One page of a page's audits, newest first (the list endpoints' pagination)."""
+
+    count = serializers.IntegerField(min_value=0)
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = AuditSerializer(many=True)
+
+
+class PageDetailSerializer(PageSerializer):
+    audits = serializers.SerializerMethodField(
+        help_text="The page's audits, newest first, paginated by `page` and `page_size`."
+    )
+
+    class Meta(PageSerializer.Meta):
+        fields = [*PageSerializer.Meta.fields, "audits"]
+        read_only_fields = fields
+
+    @extend_schema_field(AuditHistorySerializer)
+    def get_audits(self, page: Page) -> dict:
+        return self.context["audit_history"]

@@ -4,22 +4,33 @@ import uuid
 
 import redis
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, Throttled
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audits import admission, submission
+from audits import admission, pages, submission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
 from audits.api.errors import ServiceUnavailable
+from audits.api.schema import error
 from audits.api.serializers import (
     AuditListQuerySerializer,
     AuditSerializer,
     AuditSubmissionSerializer,
+    PageDetailSerializer,
+    PageHistoryQuerySerializer,
+    PageListQuerySerializer,
+    PageSerializer,
+    PageUpdateSerializer,
 )
-from audits.models import Audit
+from audits.models import Audit, Page
+
+# Ids in a URL are parsed before any query: a value PostgreSQL's bigint cannot hold is
+# simply no page, never a database error.
+LARGEST_ID = 2**63 - 1
 
 
 def _is_uuid(value: str) -> bool:
@@ -28,6 +39,15 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _page_or_404(page_id: str) -> Page:
+    page = None
+    if page_id.isascii() and page_id.isdigit() and 0 < int(page_id) <= LARGEST_ID:
+        page = Page.objects.current().filter(id=int(page_id)).first()
+    if page is None:
+        raise NotFound("No page with that id.")
+    return page
 
 
 class AuditPagination(PageNumberPagination):
@@ -60,6 +80,8 @@ def admit(request) -> None:
 
 
 class AuditCollectionView(APIView):
+    pagination_class = AuditPagination
+
     def get_permissions(self):
         if self.request.method == "GET":
             return [TokenRequiredWhenConfigured(), TrustedCallerOnly()]
@@ -67,13 +89,7 @@ class AuditCollectionView(APIView):
 
     @extend_schema(
         request=AuditSubmissionSerializer,
-        responses={
-            202: AuditSerializer,
-            429: OpenApiResponse(description="This address's bucket is empty; see Retry-After."),
-            503: OpenApiResponse(
-                description="backlog_full (with backlog and max_depth) or admission_unavailable."
-            ),
-        },
+        responses={202: AuditSerializer, **error(429), **error(503)},
     )
     def post(self, request):
         submitted = AuditSubmissionSerializer(data=request.data)
@@ -98,15 +114,26 @@ class AuditCollectionView(APIView):
         audits = (
             Audit.objects.select_related("page").filter(**filters).order_by("-created_at", "-id")
         )
-        paginator = AuditPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(audits, request, view=self)
         return paginator.get_paginated_response(
             AuditSerializer(page, many=True, context={"request": request}).data
         )
 
 
+AUDIT_ID = OpenApiParameter(
+    "audit_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The audit's id."
+)
+PAGE_ID = OpenApiParameter(
+    "page_id",
+    {"type": "integer", "minimum": 1, "maximum": LARGEST_ID},
+    OpenApiParameter.PATH,
+    description="The page's id.",
+)
+
+
 class AuditDetailView(APIView):
-    @extend_schema(responses=AuditSerializer)
+    @extend_schema(parameters=[AUDIT_ID], responses=AuditSerializer)
     def get(self, request, audit_id):
         audit = None
         if _is_uuid(audit_id):
@@ -116,16 +143,17 @@ class AuditDetailView(APIView):
         return Response(AuditSerializer(audit, context={"request": request}).data)
 
 
+QUEUE_DEPTH = inline_serializer(
+    "QueueDepth",
+    {
+        name: serializers.IntegerField(min_value=0)
+        for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
+    },
+)
+
+
 class QueueView(APIView):
-    @extend_schema(
-        responses=inline_serializer(
-            "QueueDepth",
-            {
-                name: serializers.IntegerField()
-                for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
-            },
-        )
-    )
+    @extend_schema(responses={200: QUEUE_DEPTH, **error(503)})
     def get(self, request):
         try:
             return Response(admission.queue_report())
@@ -133,3 +161,51 @@ class QueueView(APIView):
             raise ServiceUnavailable(
                 "The queue cannot be read right now.", code="queue_unavailable", retry_after=5
             ) from None
+
+
+class PageCollectionView(APIView):
+    permission_classes = [TokenRequiredWhenConfigured, TrustedCallerOnly]
+    pagination_class = AuditPagination
+
+    @extend_schema(parameters=[PageListQuerySerializer], responses=PageSerializer(many=True))
+    def get(self, request):
+        query = PageListQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        listed = pages.listed(
+            **{k: v for k, v in query.validated_data.items() if k not in {"page", "page_size"}}
+        )
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(listed, request, view=self)
+        return paginator.get_paginated_response(
+            PageSerializer(page, many=True, context={"request": request}).data
+        )
+
+
+class PageDetailView(APIView):
+    permission_classes = [TokenRequiredWhenConfigured, TrustedCallerOnly]
+
+    @extend_schema(parameters=[PAGE_ID, PageHistoryQuerySerializer], responses=PageDetailSerializer)
+    def get(self, request, page_id):
+        page = _page_or_404(page_id)
+        query = PageHistoryQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        paginator = AuditPagination()
+        history = paginator.paginate_queryset(pages.history(page), request, view=self)
+        audits = paginator.get_paginated_response(
+            AuditSerializer(history, many=True, context={"request": request}).data
+        ).data
+        context = {"request": request, "audit_history": audits}
+        return Response(PageDetailSerializer(pages.with_latest_audit(page), context=context).data)
+
+    @extend_schema(parameters=[PAGE_ID], request=PageUpdateSerializer, responses=PageSerializer)
+    def patch(self, request, page_id):
+        page = _page_or_404(page_id)
+        update = PageUpdateSerializer(data=request.data)
+        update.is_valid(raise_exception=True)
+        page = pages.update(page, **update.validated_data)
+        return Response(PageSerializer(page, context={"request": request}).data)
+
+    @extend_schema(parameters=[PAGE_ID], responses={204: None})
+    def delete(self, request, page_id):
+        pages.remove(_page_or_404(page_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)

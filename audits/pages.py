@@ -1,0 +1,102 @@
+"""Pages as the API shows them: listing, history, settings and removal.
+
+A removed page keeps its audits (their ids were handed out, and each stays readable by
+its id); it leaves the listing, is no longer re-audited nightly and loses its page
+callback. Submitting its URL again brings it back (audits.submission).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from audits.models import Audit, Page
+
+log = logging.getLogger(__name__)
+
+_LATEST_AUDIT = Prefetch(
+    "audits",
+    queryset=Audit.objects.order_by("-created_at", "-id")[:1],
+    to_attr="latest_audits",
+)
+
+
+def listed(
+    *,
+    domain: str | None = None,
+    reaudit_nightly: str | None = None,
+    changed_since: datetime | None = None,
+) -> QuerySet[Page]:
+    """Current pages by URL, each with its newest audit prefetched."""
+    pages = Page.objects.current().prefetch_related(_LATEST_AUDIT).order_by("url", "id")
+    if domain is not None:
+        pages = pages.filter(domain=domain.strip().lower())
+    if reaudit_nightly is not None:
+        pages = pages.filter(reaudit_nightly=reaudit_nightly == "true")
+    if changed_since is not None:
+        pages = pages.filter(last_changed_at__gte=changed_since)
+    return pages
+
+
+def with_latest_audit(page: Page) -> Page:
+    return Page.objects.prefetch_related(_LATEST_AUDIT).get(id=page.id)
+
+
+def history(page: Page) -> QuerySet[Audit]:
+    """The page's audits, newest first."""
+    return page.audits.select_related("page").order_by("-created_at", "-id")
+
+
+def update(page: Page, **fields) -> Page:
+    """Apply validated settings: `reaudit_nightly`, and the page callback as a pair
+    (`callback_url` and `callback_secret`, both None to remove it)."""
+    changed = {}
+    if "reaudit_nightly" in fields:
+        changed["reaudit_nightly"] = fields["reaudit_nightly"]
+    if "callback_url" in fields:
+        changed["callback_url"] = fields["callback_url"] or ""
+        changed["callback_secret"] = fields["callback_secret"] or ""
+    if changed:
+        Page.objects.current().filter(id=page.id).update(**changed)
+        log.info(
+            "page.updated",
+            extra={
+                "page_id": page.id,
+                "fields": sorted(changed),
+                "callback": bool(changed.get("callback_url", page.callback_url)),
+            },
+        )
+    return with_latest_audit(page)
+
+
+def remove(page: Page) -> bool:
+    """Stop re-auditing the page and forget its callback; its audits stay."""
+    removed = (
+        Page.objects.current()
+        .filter(id=page.id)
+        .update(
+            removed_at=timezone.now(), reaudit_nightly=False, callback_url="", callback_secret=""
+        )
+    )
+    if removed:
+        log.info("page.removed", extra={"page_id": page.id})
+    return bool(removed)
+
+
+def change_counts(*, now: datetime | None = None) -> dict[str, int]:
+    """Pages an audit found changed in the last day, and how many of them got worse
+    (audits.changes.got_worse): the dashboard's headline and two gauges in /metrics."""
+    since = (now or timezone.now()) - timedelta(days=1)
+    current = Page.objects.current()
+    return {
+        "pages_changed": current.filter(last_changed_at__gte=since).count(),
+        "pages_worse": Audit.objects.filter(
+            got_worse=True, finished_at__gte=since, page__in=current
+        )
+        .values("page_id")
+        .distinct()
+        .count(),
+    }
