@@ -63,12 +63,19 @@ class AuditQuerySet(models.QuerySet):
         finished_at = timezone.now()
         fields = {"status": status, "result": result, "error": error, "finished_at": finished_at}
         with transaction.atomic():
-            page_id = None
+            unfinished = (
+                self.filter(id=audit_id)
+                .exclude(status__in=Audit.FINISHED)
+                .values_list("page_id", "callback_url")
+                .first()
+            )
+            if unfinished is None:
+                return False
+            page_id, callback_url = unfinished
             if status == Audit.Status.SUCCEEDED:
-                page_id = self._lock_page_of_unfinished(audit_id)
-                if page_id is not None:
-                    changes = compare(self._previous_success(page_id, audit_id), result or {})
-                    fields.update(changes=changes, got_worse=got_worse(changes))
+                self._lock_page(page_id)
+                changes = compare(self._previous_success(page_id, audit_id), result or {})
+                fields.update(changes=changes, got_worse=got_worse(changes))
             updated = self.filter(id=audit_id).exclude(status__in=Audit.FINISHED).update(**fields)
             if updated and fields.get("changes"):
                 Page.objects.filter(id=page_id).update(last_changed_at=finished_at)
@@ -82,23 +89,24 @@ class AuditQuerySet(models.QuerySet):
                     "changes": None if fields.get("changes") is None else len(fields["changes"]),
                 },
             )
+            # What the listeners need to know, so an audit with nothing to deliver costs
+            # them no query.
             transaction.on_commit(
-                partial(audit_finished.send, sender=Audit, audit_id=str(audit_id))
+                partial(
+                    audit_finished.send,
+                    sender=Audit,
+                    audit_id=str(audit_id),
+                    callback=bool(callback_url),
+                    changed=bool(fields.get("changes")),
+                )  # fmt: skip
             )
         return bool(updated)
 
-    def _lock_page_of_unfinished(self, audit_id) -> int | None:
-        """The audit's page, locked until the finish commits, so two audits of one page
+    @staticmethod
+    def _lock_page(page_id: int) -> None:
+        """Lock the audit's page until the finish commits, so two audits of one page
         finishing together compare in turn: the second sees the first as its previous."""
-        page_id = (
-            self.filter(id=audit_id)
-            .exclude(status__in=Audit.FINISHED)
-            .values_list("page_id", flat=True)
-            .first()
-        )
-        if page_id is not None:
-            list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
-        return page_id
+        list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
 
     def _previous_success(self, page_id: int, audit_id) -> dict | None:
         return (

@@ -82,6 +82,8 @@ def schedule_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
     """Create the finished audit's `audit.finished` delivery and publish it on commit;
     nothing without a callback URL. One per audit (unique with its event): a second call
     changes nothing."""
+    if not kwargs.get("callback", True):
+        return None
     return _schedule(deliver.create_delivery, audit_id)
 
 
@@ -89,6 +91,8 @@ def schedule_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
 def schedule_change_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
     """The same for `audit.changed` to the page callback, when the audit found changes,
     whatever started it (a submission or the nightly re-audit)."""
+    if not kwargs.get("changed", True):
+        return None
     return _schedule(deliver.create_change_delivery, audit_id)
 
 
