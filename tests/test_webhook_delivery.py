@@ -74,8 +74,12 @@ def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(
     with pytest.raises(WebhookVerificationError, match="too old"):
         Webhook(SECRET).verify(request.body, stale)
 
-    row = Delivery.objects.get(audit_id=audit.id)
-    assert row.status == "delivered" and row.attempts == 1 and row.last_status_code == 200
+    # The row says so just after the receiver answered.
+    row = wait_for(
+        lambda: Delivery.objects.filter(audit_id=audit.id, status="delivered").first(),
+        timeout=10, message="the delivery recorded",
+    )  # fmt: skip
+    assert row.attempts == 1 and row.last_status_code == 200
 
     # The secret never reaches a log line, in this process or the workers'.
     key = SECRET.removeprefix("whsec_")
