@@ -37,7 +37,9 @@ SUBMISSION_STEPS = [
     ("logging", r"^(handle|emit|_log) \(logging/"),
 ]
 AUDIT_STEPS = [
-    ("receive (broker read, decode, dispatch)", r"\((kombu|celery/worker|celery/concurrency)/"),
+    # kombu and Celery's consumer: the broker read, decoding, dispatch to the pool and the
+    # acknowledgement (an ack's deepest frames are kombu's).
+    ("broker: receive, dispatch, acknowledge", r"\((kombu|celery/worker|celery/concurrency)/"),
     ("task wrapper (Celery trace)", r"^(trace_task|fast_trace_task) \(celery/app/trace.py"),
     (
         "claim duplicate publish, check arguments",
@@ -51,10 +53,7 @@ AUDIT_STEPS = [
     ("fetch", r"^fetch_page \(outbound/integrations/page.py"),
     ("parse", r"^audit_result \(audits/analysis.py"),
     ("save (finish, commit)", r"^finish \(audits/models.py"),
-    (
-        "acknowledge and events",
-        r"^(acknowledge|send_event|send_task_sent|send) \(celery/(worker/request|events)",
-    ),
+    ("task events (off unless TASK_EVENTS)", r"\(celery/events/"),
     ("logging", r"^(handle|emit|_log) \(logging/"),
 ]
 
