@@ -22,7 +22,7 @@ def missing_security_headers(page: FetchedPage) -> list[str]:
 
 def analyze_html(body: bytes, *, base_url: str, charset: str | None = None) -> dict:
     # lxml's tree, walked once over the few tags an audit reads: a fifth of the CPU
-    # BeautifulSoup spent on the same page (BENCHMARKS.md, throughput).
+    # BeautifulSoup spent on the same page (DECISIONS.md, "Throughput").
     parser = lxml.html.HTMLParser(encoding=_known_encoding(charset))
     root = lxml.html.document_fromstring(body, parser=parser) if body.strip() else None
     title = description = canonical_href = base_href = None
