@@ -13,7 +13,8 @@ takes and what it asks of Redis and PostgreSQL. This runs such a night and compa
    commands and PostgreSQL commits per re-audit.
 2. Predict, before the night runs, from the fan-out's own slice sizes: a slice's
    placements arrive at slice_size / slice_seconds; the workers take
-   min(arrival, capacity) and the rest queues. Predicted: the drain time (window
+   min(arrival, capacity) and the rest queues. The capacity is `--rate` when given (a
+   night's steady-state rate, docs/capacity.md's C), else the burst's. Predicted: the drain time (window
    opened to last audit finished), the peak Redis commands/s and PostgreSQL
    transactions/s (per-audit figures x the peak rate audits run at), connections.
 3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
@@ -153,6 +154,9 @@ def main() -> int:
     parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
     parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
                         help="audits worker processes (default: one per core)")  # fmt: skip
+    parser.add_argument("--rate", type=float,
+                        help="re-audits/s to predict with (docs/capacity.md's C, a night's steady "
+                             "state); default: the calibration burst's")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -215,6 +219,7 @@ def main() -> int:
               flush=True)  # fmt: skip
 
         # 2. The night: fan out, then predict from its slices before it runs.
+        rate = args.rate or capacity
         sampler.start()
         django(env, FAN_OUT.format(day=DAY.isoformat(), window=args.window))
         night = wait_for(lambda: json.loads(django(env, NIGHT.format(day=DAY.isoformat()))),
@@ -223,11 +228,11 @@ def main() -> int:
         backlog, finish, busiest = 0.0, 0.0, 0.0
         for index, size in enumerate(sizes):
             arriving = size / SLICE_SECONDS
-            taken = min(capacity, arriving + backlog / SLICE_SECONDS)
+            taken = min(rate, arriving + backlog / SLICE_SECONDS)
             busiest = max(busiest, taken)
             backlog = max(0.0, backlog + (arriving - taken) * SLICE_SECONDS)
             finish = (index + 1) * SLICE_SECONDS
-        drain_predicted = finish + backlog / capacity
+        drain_predicted = finish + backlog / rate
         predicted = {
             "drain_seconds": drain_predicted,
             "peak_audits_per_second": busiest,
@@ -249,7 +254,7 @@ def main() -> int:
             "peak_connections": max(s["connections"] for s in samples),
         }
         results = {"pages": args.pages, "domains": args.domains, "window": args.window,
-                   "audit_workers": args.audit_workers, "capacity": capacity,
+                   "audit_workers": args.audit_workers, "capacity": capacity, "rate": rate,
                    "redis_per_audit": redis_per_audit, "commits_per_audit": commits_per_audit,
                    "idle": idle,
                    "busiest_slice": max(sizes), "predicted": predicted, "measured": measured}  # fmt: skip
@@ -271,7 +276,7 @@ def report(results: dict) -> None:
     predicted, measured = results["predicted"], results["measured"]
     print(f"\n{results['pages']:,} pages, {results['domains']:,} domains, "
           f"{results['window']} s window, {results['audit_workers']} audits worker processes; "
-          f"calibrated {results['capacity']:.1f} audits/s")  # fmt: skip
+          f"calibrated {results['capacity']:.1f} audits/s, predicted with {results['rate']:.1f}")  # fmt: skip
     print("| measure | predicted | measured | measured / predicted |")
     print("| --- | ---: | ---: | ---: |")
     for key, label in [
