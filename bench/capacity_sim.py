@@ -46,8 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from bench.services import create_database, start_redis  # noqa: E402
-from bench.throughput import BIN, Process, start_site, wait_for  # noqa: E402
+from bench.services import SessionProcess, create_database, start_redis  # noqa: E402
+from bench.throughput import BIN, start_site  # noqa: E402
+from tests.workers import wait_for  # noqa: E402
 
 DAY = date(2031, 3, 1)
 CALIBRATION_DAY = date(2031, 2, 28)
@@ -175,7 +176,7 @@ def main() -> int:
         "REAUDIT_SLICE_SECONDS": str(SLICE_SECONDS),
         "REAUDIT_DOMAIN_SPACING_SECONDS": str(args.window / per_domain),
     }  # fmt: skip
-    workers: list[Process] = []
+    workers: list[SessionProcess] = []
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"],
                        cwd=ROOT, env=env, check=True)  # fmt: skip
@@ -185,13 +186,10 @@ def main() -> int:
 
         celery = f"{BIN / 'celery'} -A config worker --loglevel WARNING"
         for n in range(args.audit_workers):
-            workers.append(
-                Process(
-                    f"audits-{n}", f"{celery} -Q audits -n audits{n}@%h --pool threads", env, logs
-                )
-            )
+            command = f"{celery} -Q audits -n audits{n}@%h --pool threads"
+            workers.append(SessionProcess(f"audits-{n}", command, env, logs).start())
         # Placements are short database work: threads, like the audits (docs/capacity.md).
-        workers.append(Process("reaudit", f"{celery} -Q reaudit -n reaudit@%h --pool threads --concurrency 8", env, logs))  # fmt: skip
+        workers.append(SessionProcess("reaudit", f"{celery} -Q reaudit -n reaudit@%h --pool threads --concurrency 8", env, logs).start())  # fmt: skip
         sampler = Sampler(redis_url, database_url)
         time.sleep(5)  # the workers connect
 
@@ -207,7 +205,7 @@ def main() -> int:
         before = sampler.read()
         django(env, CALIBRATE.format(count=args.calibration, day=CALIBRATION_DAY.isoformat()))
         wait_for(lambda: sampler.read()["finished"] >= args.calibration, timeout=900,
-                 what="the calibration burst", every=0.5)  # fmt: skip
+                 message="the calibration burst", interval=0.5)  # fmt: skip
         after = sampler.read()
         seconds = after["t"] - before["t"]
         capacity = args.calibration / seconds
@@ -223,7 +221,7 @@ def main() -> int:
         sampler.start()
         django(env, FAN_OUT.format(day=DAY.isoformat(), window=args.window))
         night = wait_for(lambda: json.loads(django(env, NIGHT.format(day=DAY.isoformat()))),
-                         timeout=600, what="the fan-out", every=1.0)  # fmt: skip
+                         timeout=600, message="the fan-out", interval=1.0)  # fmt: skip
         sizes = night["slice_sizes"]
         backlog, finish, busiest = 0.0, 0.0, 0.0
         for index, size in enumerate(sizes):
@@ -243,7 +241,7 @@ def main() -> int:
 
         target = args.calibration + sum(sizes)
         wait_for(lambda: sampler.samples and sampler.samples[-1]["finished"] >= target,
-                 timeout=args.window * 4 + 600, what="the night", every=2.0)  # fmt: skip
+                 timeout=args.window * 4 + 600, message="the night", interval=2.0)  # fmt: skip
         samples = sampler.stop()
         last_finished = next(s["t"] for s in samples if s["finished"] >= target)
         measured = {

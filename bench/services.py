@@ -6,11 +6,17 @@
 - `create_database()`: a fresh database next to DATABASE_URL's (PostgreSQL, the local
   one when DATABASE_URL is not set) or a temporary SQLite file, with its dropper.
 - `QuietHandler`: the base of a benchmark's downstream site on 127.0.0.1.
+- `SessionProcess`: a process of the stack under test in its own session, logging to a
+  file, with the memory and CPU of its whole session (main process and children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
+import subprocess
 import tempfile
 import uuid
 from http.server import BaseHTTPRequestHandler
@@ -18,6 +24,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from config import devservices
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LOCAL_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
 
@@ -91,3 +99,75 @@ class QuietHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out first: that is what a slow downstream is for
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of one process, 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class SessionProcess:
+    """A process in its own session, so a signal to it reaches its children (a worker's
+    pool, gunicorn's workers), logging to `logs`/`name`.log. `start()` again after a
+    kill, as a supervisor would."""
+
+    def __init__(self, name: str, command: list[str] | str, env: dict, logs: Path):
+        self.name, self.env, self.logs = name, env, logs
+        self.argv = shlex.split(command) if isinstance(command, str) else command
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> SessionProcess:
+        with (self.logs / f"{self.name}.log").open("a") as log:
+            self.popen = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    def pids(self) -> list[int]:
+        """Every live process of this one's session."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getsid(int(entry)) == self.popen.pid:
+                        found.append(int(entry))
+                except OSError:
+                    continue
+        return found
+
+    def rss_bytes(self) -> int:
+        return sum(rss_kib(pid) for pid in self.pids()) * 1024
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of every live process of the session."""
+        ticks = 0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+                ticks += int(fields[11]) + int(fields[12])
+            except OSError:
+                continue
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        except ProcessLookupError:
+            pass

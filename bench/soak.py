@@ -33,13 +33,9 @@ Exit status 1 if anything was lost.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,7 +48,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.services import QuietHandler, create_database, start_redis  # noqa: E402
+from bench.services import (  # noqa: E402
+    QuietHandler,
+    SessionProcess,
+    create_database,
+    rss_kib,
+    start_redis,
+)
 from config import devservices  # noqa: E402
 
 # Settings of the stack under soak (each an environment variable of docs/configuration.md).
@@ -126,64 +128,10 @@ class DownstreamHandler(QuietHandler):
 
 
 # --- the stack ------------------------------------------------------------------------
-class StackProcess:
-    """One process of the stack in its own session, so a kill takes its children too."""
-
-    def __init__(self, role: str, command: str, env: dict, logs: Path):
-        self.role, self.command, self.env, self.logs = role, command, env, logs
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        log = (self.logs / f"{self.role}.log").open("a")
-        self.process = subprocess.Popen(
-            shlex.split(self.command), cwd=ROOT, env=self.env, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        log.close()
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        except ProcessLookupError:
-            pass
-
-    def pids(self) -> list[int]:
-        """Every live process of this one's session (main process, pool, web workers)."""
-        session = self.process.pid
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.getsid(int(entry)) == session:
-                        found.append(int(entry))
-                except OSError:
-                    continue
-        return found
-
-
-def rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 class MemorySampler(threading.Thread):
     """The peak RSS per role: of its main process, of any one other process, of the group."""
 
-    def __init__(self, processes: list[StackProcess], extra: dict[str, int]):
+    def __init__(self, processes: list[SessionProcess], extra: dict[str, int]):
         super().__init__(daemon=True)
         self.processes, self.extra = processes, extra
         self.peaks: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -192,9 +140,9 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(1.0):
             for process in self.processes:
-                main = process.process.pid
+                main = process.popen.pid
                 sizes = {pid: rss_kib(pid) for pid in process.pids()}
-                peak = self.peaks[process.role]
+                peak = self.peaks[process.name]
                 peak["main"] = max(peak["main"], sizes.get(main, 0))
                 children = [size for pid, size in sizes.items() if pid != main]
                 peak["child"] = max(peak["child"], max(children, default=0))
@@ -263,7 +211,7 @@ def classify(response) -> tuple[str, str | None]:
     return f"error: HTTP {response.status_code} {code}".rstrip(), None
 
 
-def run_load(load: Load, args, workers: list[StackProcess], stop_at: float) -> list[float]:
+def run_load(load: Load, args, workers: list[SessionProcess], stop_at: float) -> list[float]:
     """Steady submissions, bursts and kills until `stop_at`; returns when each kill happened."""
     started = time.monotonic()
     next_submit = started
@@ -290,7 +238,7 @@ def run_load(load: Load, args, workers: list[StackProcess], stop_at: float) -> l
             worker = workers[victim % len(workers)]
             worker.kill()
             kills.append(now - started)
-            print(f"  {now - started:6.0f} s  SIGKILL {worker.role}", flush=True)
+            print(f"  {now - started:6.0f} s  SIGKILL {worker.name}", flush=True)
             # Started again by a supervisor a moment later; the load does not wait for it.
             threading.Timer(args.restart_after, worker.start).start()
             victim += 1
@@ -413,7 +361,7 @@ def main() -> int:
         "AUDIT_QUEUE_MAX_DEPTH": str(args.backlog_max), "WEB_PORT": str(devservices.free_port()),
     }  # fmt: skip
     os.environ.update(env)
-    processes: list[StackProcess] = []
+    processes: list[SessionProcess] = []
     downstream = Downstream()
     threading.Thread(target=downstream.serve_forever, daemon=True).start()
     try:
@@ -436,7 +384,7 @@ def main() -> int:
             "worker-audits-1": f"{audits} -n audits-1@%h",
             "worker-audits-2": f"{audits} -n audits-2@%h",
         }
-        processes = [StackProcess(role, command, env, logs) for role, command in wanted.items()]
+        processes = [SessionProcess(role, command, env, logs) for role, command in wanted.items()]
         for process in processes:
             process.start()
         api = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
@@ -449,7 +397,7 @@ def main() -> int:
         print(f"stack up (logs in {logs}); load for {args.minutes:g} min", flush=True)
 
         load = Load(api, downstream)
-        workers = [p for p in processes if p.role.startswith("worker-audits")]
+        workers = [p for p in processes if p.name.startswith("worker-audits")]
         kills = run_load(load, args, workers, time.monotonic() + args.minutes * 60)
         load.drain()
         print(f"load done: {len(load.admitted)} admitted; waiting for the drain", flush=True)
@@ -481,7 +429,7 @@ def main() -> int:
         return 1 if results["lost"] else 0
     finally:
         for process in processes:
-            if process.process is not None:
+            if process.popen is not None:
                 process.stop()
         downstream.shutdown()
         from django.db import connections

@@ -56,8 +56,9 @@ import redis  # noqa: E402
 
 from bench.reference import plain_celery as reference  # noqa: E402
 from bench.reference.plain_celery import fetch_and_parse  # noqa: E402
-from bench.services import create_database, start_redis  # noqa: E402
+from bench.services import SessionProcess, create_database, start_redis  # noqa: E402
 from config import devservices  # noqa: E402
+from tests.workers import wait_for  # noqa: E402
 
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
@@ -79,67 +80,8 @@ STACK_ENV = {
 
 
 # --- processes -------------------------------------------------------------------------
-class Process:
-    """A child process in its own session (so stopping it stops its children), logging to a file."""
-
-    def __init__(self, name: str, command: list[str] | str, env: dict, logs: Path):
-        self.name = name
-        argv = shlex.split(command) if isinstance(command, str) else command
-        with (logs / f"{name}.log").open("a") as log:
-            self.popen = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def pids(self) -> list[int]:
-        session = self.popen.pid
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.getsid(int(entry)) == session:
-                        found.append(int(entry))
-                except OSError:
-                    continue
-        return found
-
-    def rss_bytes(self) -> int:
-        total = 0
-        for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/status") as status:
-                    for line in status:
-                        if line.startswith("VmRSS:"):
-                            total += int(line.split()[1]) * 1024
-            except OSError:
-                continue
-        return total
-
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) of every live process of this one's session."""
-        ticks = 0
-        for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rpartition(")")[2].split()
-                ticks += int(fields[11]) + int(fields[12])
-            except OSError:
-                continue
-        return ticks / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.popen.pid, 15)
-            self.popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, 9)
-            self.popen.wait()
-        except ProcessLookupError:
-            pass
-
-
 class PeakRSS(threading.Thread):
-    def __init__(self, process: Process):
+    def __init__(self, process: SessionProcess):
         super().__init__(daemon=True)
         self.process, self.peak, self.stopped = process, 0, threading.Event()
 
@@ -153,16 +95,6 @@ class PeakRSS(threading.Thread):
         return self.peak
 
 
-def wait_for(check, *, timeout: float, what: str, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code < 500
@@ -170,13 +102,13 @@ def answers(url: str) -> bool:
         return False
 
 
-def start_site(logs: Path, delay: float) -> tuple[Process, str]:
+def start_site(logs: Path, delay: float) -> tuple[SessionProcess, str]:
     port = devservices.free_port()
     command = [PYTHON, "-m", "bench.fast_site", "--port", str(port), "--delay", str(delay),
                "--link-host", f"localhost:{port}"]  # fmt: skip
-    site = Process(f"site-{delay:g}", command, dict(os.environ), logs)
+    site = SessionProcess(f"site-{delay:g}", command, dict(os.environ), logs).start()
     base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: answers(f"{base}/"), timeout=20, what="the site")
+    wait_for(lambda: answers(f"{base}/"), timeout=20, message="the site")
     return site, base
 
 
@@ -209,19 +141,19 @@ def plain_celery(
     (the minimal view, publishing the same task) when given."""
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
-    worker = Process(
+    worker = SessionProcess(
         "plain-celery",
         f"{BIN / 'celery'} -A bench.reference.plain_celery -b {redis_url} worker --pool prefork "
         "--concurrency 4 --loglevel WARNING -Q plain",
         dict(os.environ), logs,
-    )  # fmt: skip
+    ).start()  # fmt: skip
     try:
         reference.app.conf.broker_url = redis_url
         # Ready when it has run a warm-up task on each of its processes.
         for n in range(4):
             reference.audit.apply_async(args=[f"{site}/warm/{n}"], queue="plain")
         wait_for(lambda: int(client.get(reference.DONE_KEY) or 0) >= 4, timeout=60,
-                 what="the plain Celery worker")  # fmt: skip
+                 message="the plain Celery worker")  # fmt: skip
         client.delete(reference.DONE_KEY)
         urls = [f"{site}/plain/{n}" for n in range(count)]
         if api:
@@ -231,7 +163,7 @@ def plain_celery(
             in_threads(count, CLIENT_THREADS,
                        lambda n: reference.audit.apply_async(args=[urls[n]], queue="plain"))  # fmt: skip
         wait_for(lambda: int(client.get(reference.DONE_KEY) or 0) >= count,
-                 timeout=600, what="the plain Celery tasks", every=0.01)  # fmt: skip
+                 timeout=600, message="the plain Celery tasks", interval=0.01)  # fmt: skip
         elapsed = time.time() - started
     finally:
         worker.stop()
@@ -257,9 +189,11 @@ class ReferenceView:
         factory = f"bench.reference.minimal_submit:application({self.database!r}, {redis_url!r}, {queue!r})"
         command = shlex.split(re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", web_command))
         command[command.index("config.wsgi:application")] = factory
-        self.web = Process(f"reference-web-{queue}", command, dict(os.environ), logs)
+        self.web = SessionProcess(f"reference-web-{queue}", command, dict(os.environ), logs).start()
         self.api = f"http://127.0.0.1:{port}"
-        wait_for(lambda: answers(f"{self.api}/api/audits"), timeout=60, what="the reference view")
+        wait_for(
+            lambda: answers(f"{self.api}/api/audits"), timeout=60, message="the reference view"
+        )
 
     def stop(self) -> None:
         self.web.stop()
@@ -313,13 +247,15 @@ class Stack:
         self.web = self.worker = None
 
     def start_web(self) -> None:
-        self.web = Process("web", self.commands["web"], self.env, self.logs)
-        wait_for(lambda: answers(f"{self.api}/healthz"), timeout=60, what="the web process")
+        self.web = SessionProcess("web", self.commands["web"], self.env, self.logs).start()
+        wait_for(lambda: answers(f"{self.api}/healthz"), timeout=60, message="the web process")
 
     def start_worker(self) -> None:
-        self.worker = Process("worker-audits", self.commands["worker-audits"], self.env, self.logs)
+        self.worker = SessionProcess(
+            "worker-audits", self.commands["worker-audits"], self.env, self.logs
+        ).start()
         wait_for(lambda: _celery_ready(self.logs / "worker-audits.log"), timeout=60,
-                 what="the audits worker")  # fmt: skip
+                 message="the audits worker")  # fmt: skip
 
     def submit(self, urls: list[str]) -> tuple[float, float]:
         return submit(self.api, urls)
@@ -361,7 +297,7 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
         started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
         count, failed, latest = wait_for(
             lambda: (row := stack.finished())[0] >= args.count and row,
-            timeout=900, what="the audits", every=0.2,
+            timeout=900, message="the audits", interval=0.2,
         )  # fmt: skip
         cpu_ms = {p.name: (p.cpu_seconds() - cpu_before[p.name]) * 1000 / args.count
                   for p in (stack.web, stack.worker)}  # fmt: skip
@@ -446,7 +382,7 @@ def link_checks(args, site: str, logs: Path, redis_url: str) -> dict:
         fetch_seconds = time.time() - probe
         started, _ = stack.submit([f"{site}/links/{LINKS}"])
         _, failed, latest = wait_for(lambda: (row := stack.finished())[0] >= 1 and row,
-                                     timeout=900, what="the audit with links", every=0.1)  # fmt: skip
+                                     timeout=900, message="the audit with links", interval=0.1)  # fmt: skip
     finally:
         stack.stop()
     rate = float(stack.env.get("LINKCHECK_PER_HOST_RATE", 1.0))
