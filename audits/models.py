@@ -62,21 +62,18 @@ class AuditQuerySet(models.QuerySet):
         """
         finished_at = timezone.now()
         fields = {"status": status, "result": result, "error": error, "finished_at": finished_at}
+        unfinished = self.filter(id=audit_id).exclude(status__in=Audit.FINISHED)
         with transaction.atomic():
-            unfinished = (
-                self.filter(id=audit_id)
-                .exclude(status__in=Audit.FINISHED)
-                .values_list("page_id", "callback_url")
-                .first()
-            )
-            if unfinished is None:
+            row = unfinished.values_list("page_id", "callback_url").first()
+            if row is None:
                 return False
-            page_id, callback_url = unfinished
+            page_id, callback_url = row
             if status == Audit.Status.SUCCEEDED:
                 self._lock_page(page_id)
                 changes = compare(self._previous_success(page_id, audit_id), result or {})
                 fields.update(changes=changes, got_worse=got_worse(changes))
-            updated = self.filter(id=audit_id).exclude(status__in=Audit.FINISHED).update(**fields)
+            # Still conditional: a finisher racing this one since the read changes nothing.
+            updated = unfinished.update(**fields)
             if updated and fields.get("changes"):
                 Page.objects.filter(id=page_id).update(last_changed_at=finished_at)
         if updated:
