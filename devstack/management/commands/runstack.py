@@ -29,12 +29,7 @@ def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
     """
     if configured:
         return configured, False
-    path = var_dir / "flower-basic-auth"
-    if not path.exists():
-        var_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"flower:{secrets.token_urlsafe(12)}\n")
-        path.chmod(0o600)
-    return path.read_text().strip(), True
+    return kept_secret(var_dir / "flower-basic-auth", f"flower:{secrets.token_urlsafe(12)}"), True
 
 
 def service_secret_key(var_dir: Path, configured: str) -> str:
@@ -42,10 +37,14 @@ def service_secret_key(var_dir: Path, configured: str) -> str:
     checkout and kept in var/ (never the dev key, which DEBUG=false refuses)."""
     if configured and not configured.startswith(settings.DEV_SECRET_KEY_PREFIX):
         return configured
-    path = var_dir / "secret-key"
+    return kept_secret(var_dir / "secret-key", secrets.token_urlsafe(50))
+
+
+def kept_secret(path: Path, generated: str) -> str:
+    """The secret kept at `path`, written there (owner-only) the first time."""
     if not path.exists():
-        var_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(generated + "\n")
         path.chmod(0o600)
     return path.read_text().strip()
 
