@@ -58,10 +58,12 @@ AUDIT_STEPS = [
 ]
 
 
-def attribute(path: Path, steps: list[tuple[str, str]]) -> Counter:
+def attribute(paths: list[Path], steps: list[tuple[str, str]]) -> Counter:
+    """Samples per step, over the profiles of every process of one role."""
     compiled = [(name, re.compile(pattern)) for name, pattern in steps]
     samples: Counter = Counter()
-    for line in path.read_text().splitlines():
+    lines = [line for path in paths for line in path.read_text().splitlines()]
+    for line in lines:
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")[1:]  # the first names the process
         step = "other"
@@ -92,11 +94,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--tag", default="fast")
     args = parser.parse_args()
-    web = attribute(args.folder / f"{args.tag}-web.txt", SUBMISSION_STEPS)
-    worker = attribute(args.folder / f"{args.tag}-worker-audits.txt", AUDIT_STEPS)
+    web = attribute([args.folder / f"{args.tag}-web.txt"], SUBMISSION_STEPS)
+    # One profile per audits worker (AUDITS_WORKER_PROCESSES).
+    workers = sorted(args.folder.glob(f"{args.tag}-worker-audits*.txt"))
+    worker = attribute(workers, AUDIT_STEPS)
     print(table("submission step (web)", web, rate=args.rate, jobs=args.audits))
     print()
-    print(table("audit step (audits worker)", worker, rate=args.rate, jobs=args.audits))
+    print(table("audit step (audits workers)", worker, rate=args.rate, jobs=args.audits))
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ STACK_ENV = {
     # again after this long (default 600 s; above the 65 s hard time limit here).
     "AUDIT_REQUEUE_AFTER_SECONDS": "120",
     "AUDITS_WORKER_CONCURRENCY": "4",
+    # Two, whatever the cores: one is killed while the other works.
+    "AUDITS_WORKER_PROCESSES": "2",
     "WEB_CONCURRENCY": "2",
     "LOG_LEVEL": "INFO",
 }
@@ -377,12 +379,10 @@ def main() -> int:
         redis.Redis.from_url(redis_url).flushdb()
         call_command("migrate", interactive=False, verbosity=0)
         commands = stack_commands()
-        audits = commands["worker-audits"]
         wanted = {
-            "web": commands["web"],
-            "beat": commands["beat"],
-            "worker-audits-1": f"{audits} -n audits-1@%h",
-            "worker-audits-2": f"{audits} -n audits-2@%h",
+            name: command
+            for name, command in commands.items()
+            if name in ("web", "beat") or name.startswith("worker-audits")
         }
         processes = [SessionProcess(role, command, env, logs) for role, command in wanted.items()]
         for process in processes:

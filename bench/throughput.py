@@ -81,13 +81,15 @@ STACK_ENV = {
 
 # --- processes -------------------------------------------------------------------------
 class PeakRSS(threading.Thread):
-    def __init__(self, process: SessionProcess):
+    """The peak of the processes' resident memory taken together."""
+
+    def __init__(self, processes: list[SessionProcess]):
         super().__init__(daemon=True)
-        self.process, self.peak, self.stopped = process, 0, threading.Event()
+        self.processes, self.peak, self.stopped = processes, 0, threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(0.5):
-            self.peak = max(self.peak, self.process.rss_bytes())
+            self.peak = max(self.peak, sum(p.rss_bytes() for p in self.processes))
 
     def stop(self) -> int:
         self.stopped.set()
@@ -244,18 +246,22 @@ class Stack:
         redis.Redis.from_url(redis_url).flushdb()
         self.commands = stack_commands(self.env)
         self.api = f"http://127.0.0.1:{self.port}"
-        self.web = self.worker = None
+        self.web = None
+        self.workers: list[SessionProcess] = []
 
     def start_web(self) -> None:
         self.web = SessionProcess("web", self.commands["web"], self.env, self.logs).start()
         wait_for(lambda: answers(f"{self.api}/healthz"), timeout=60, message="the web process")
 
-    def start_worker(self) -> None:
-        self.worker = SessionProcess(
-            "worker-audits", self.commands["worker-audits"], self.env, self.logs
-        ).start()
-        wait_for(lambda: _celery_ready(self.logs / "worker-audits.log"), timeout=60,
-                 message="the audits worker")  # fmt: skip
+    def start_workers(self) -> None:
+        """Every audits worker `make run` starts (AUDITS_WORKER_PROCESSES, one per core)."""
+        names = [name for name in self.commands if name.startswith("worker-audits")]
+        self.workers = [
+            SessionProcess(name, self.commands[name], self.env, self.logs).start() for name in names
+        ]
+        for name in names:
+            wait_for(lambda name=name: _celery_ready(self.logs / f"{name}.log"), timeout=60,
+                     message=f"the audits worker {name}")  # fmt: skip
 
     def submit(self, urls: list[str]) -> tuple[float, float]:
         return submit(self.api, urls)
@@ -279,7 +285,7 @@ class Stack:
         return count, failed or 0, latest
 
     def stop(self) -> None:
-        for process in (self.worker, self.web):
+        for process in (*self.workers, self.web):
             if process is not None:
                 process.stop()
         self.drop()
@@ -289,18 +295,19 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
     stack = Stack(args, logs, redis_url)
     try:
         stack.start_web()
-        stack.start_worker()
-        memory = PeakRSS(stack.worker)
+        stack.start_workers()
+        memory = PeakRSS(stack.workers)
         memory.start()
         profilers = profile(args, stack, tag) if args.profile else []
-        cpu_before = {p.name: p.cpu_seconds() for p in (stack.web, stack.worker)}
+        roles = {"web": [stack.web], "audits workers": stack.workers}
+        cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
         started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
         count, failed, latest = wait_for(
             lambda: (row := stack.finished())[0] >= args.count and row,
             timeout=900, message="the audits", interval=0.2,
         )  # fmt: skip
-        cpu_ms = {p.name: (p.cpu_seconds() - cpu_before[p.name]) * 1000 / args.count
-                  for p in (stack.web, stack.worker)}  # fmt: skip
+        cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
+                  for role, processes in roles.items()}  # fmt: skip
         peak = memory.stop()
         for profiler in profilers:
             profiler.send_signal(2)
@@ -311,8 +318,13 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
     return {
         "per_second": args.count / elapsed, "seconds": elapsed, "failed": failed,
         "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
+        "audits_workers": len(stack.workers),
         "cpu_ms_per_audit": cpu_ms,
     }  # fmt: skip
+
+
+def cpu_seconds(processes: list[SessionProcess]) -> float:
+    return sum(process.cpu_seconds() for process in processes)
 
 
 def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
@@ -337,7 +349,7 @@ def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        for process in (stack.web, stack.worker)
+        for process in (stack.web, *stack.workers)
     ]
 
 
@@ -435,7 +447,8 @@ def report(results: dict, args) -> None:
     for phase in ("fast", "slow"):
         if phase in results:
             plumb = results[phase]["plumb"]
-            print(f"{phase}: audit workers' peak RSS {plumb['worker_rss'] / 2**20:.0f} MB, "
+            print(f"{phase}: {plumb['audits_workers']} audits worker(s), peak RSS together "
+                  f"{plumb['worker_rss'] / 2**20:.0f} MB, "
                   f"{plumb['failed']} failed, submissions during the run "
                   f"{plumb['submissions_per_second']:.0f}/s; CPU ms per audit: "
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip

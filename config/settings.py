@@ -7,6 +7,7 @@ reference, one row per variable.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -392,9 +393,11 @@ FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
 # An audit mostly waits on the network: one process of 32 threads runs 32 at once in
-# 145 MB, where 4 prefork processes ran 4 in 563 MB (DECISIONS.md, "Throughput").
+# 145 MB, where 4 prefork processes ran 4 in 563 MB; a threads process uses one core at
+# most (the GIL), so there is one per core (DECISIONS.md, "Throughput").
 AUDITS_WORKER_POOL = env_str("AUDITS_WORKER_POOL", "threads")
 AUDITS_WORKER_CONCURRENCY = env_int("AUDITS_WORKER_CONCURRENCY", 32, minimum=1)
+AUDITS_WORKER_PROCESSES = env_int("AUDITS_WORKER_PROCESSES", os.cpu_count() or 1, minimum=1)
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 1, minimum=1)
 # (The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY.)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)

@@ -58,10 +58,14 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
             f"{bin_dir / 'gunicorn'} config.wsgi:application --bind {settings.WEB_HOST}:{settings.WEB_PORT}"
             f" --workers {settings.WEB_CONCURRENCY} --access-logfile - --graceful-timeout 10 --no-control-socket"
         ),
-        "worker-audits": (
-            f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits@%h"
-            f" --pool {settings.AUDITS_WORKER_POOL} --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
-        ),
+        # One per core: a threads worker's Python runs on one core at a time (the GIL).
+        **{
+            f"worker-audits-{n}": (
+                f"{celery} worker -Q {settings.AUDIT_QUEUE} -n audits-{n}@%h"
+                f" --pool {settings.AUDITS_WORKER_POOL} --concurrency {settings.AUDITS_WORKER_CONCURRENCY} --loglevel INFO"
+            )
+            for n in range(1, settings.AUDITS_WORKER_PROCESSES + 1)
+        },
         "worker-reaudit": (
             f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h"
             f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
