@@ -4,7 +4,7 @@ import logging
 import uuid
 from functools import partial
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from audits.changes import compare, got_worse
@@ -99,11 +99,15 @@ class AuditQuerySet(models.QuerySet):
             )
         return bool(updated)
 
-    @staticmethod
-    def _lock_page(page_id: int) -> None:
+    def _lock_page(self, page_id: int) -> None:
         """Lock the audit's page until the finish commits, so two audits of one page
-        finishing together compare in turn: the second sees the first as its previous."""
-        list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
+        finishing together compare in turn: the second sees the first as its previous.
+
+        SQLite has no row locks and needs none: its transactions (IMMEDIATE, settings)
+        take the database's one write lock as they begin, so finishes already run in turn.
+        """
+        if connections[self.db].features.has_select_for_update:
+            list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
 
     def _previous_success(self, page_id: int, audit_id) -> dict | None:
         return (

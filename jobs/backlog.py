@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import redis
+from redis.client import Pipeline
 
 from config.celery_app import queue_list_keys, unacked_key_for_queue
 from config.redis import REDIS_NOW_LUA, lua, redis_client
@@ -119,21 +121,31 @@ def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSn
     return BacklogSnapshot(waiting=int(waiting), retrying=int(retrying), running=int(running))
 
 
-def attempt_started(queue: str, run_id: str, *, lease_seconds: float) -> None:
-    """An attempt runs: its held message is not owed a slot while it does."""
+def attempt_started(
+    queue: str, run_id: str, *, lease_seconds: float, pipe: Pipeline | None = None
+) -> None:
+    """An attempt runs: its held message is not owed a slot while it does.
+
+    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller).
+    """
+    write = partial(
+        _STARTED,
+        keys=[running_key(queue)],
+        args=[run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS],
+    )
+    _note(queue, write, pipe)
+
+
+def attempt_stopped(queue: str, run_id: str, *, pipe: Pipeline | None = None) -> None:
+    _note(queue, lambda client: client.zrem(running_key(queue), run_id), pipe)
+
+
+def _note(queue: str, write, pipe: Pipeline | None) -> None:
+    if pipe is not None:
+        write(client=pipe)
+        return
     try:
-        _STARTED(
-            keys=[running_key(queue)],
-            args=[run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS],
-            client=redis_client(),
-        )
+        write(client=redis_client())
     except redis.RedisError as exc:
         # Best effort: the attempt runs even when its bookkeeping cannot be written.
-        log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})
-
-
-def attempt_stopped(queue: str, run_id: str) -> None:
-    try:
-        redis_client().zrem(running_key(queue), run_id)
-    except redis.RedisError as exc:
         log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})

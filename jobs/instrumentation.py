@@ -17,6 +17,7 @@ import time
 from datetime import datetime
 
 from celery import signals
+from redis.client import Pipeline
 
 from jobs.headers import DEFERRALS_HEADER, PUBLISHED_AT_HEADER, header
 from observability import metrics
@@ -47,8 +48,8 @@ def queue_wait(request, started: float) -> float | None:
     return max(0.0, started - due)
 
 
-def attempt_started(task) -> None:
-    """A job's attempt passed its breaker and is about to run."""
+def attempt_started(task, *, pipe: Pipeline | None = None) -> None:
+    """A job's attempt passed its breaker and is about to run (written into `pipe` if given)."""
     if not task.policy.counts_as_job:
         return
     request = task.request
@@ -56,7 +57,9 @@ def attempt_started(task) -> None:
     # A job's first attempt is its first run past the breaker: no retry, no deferral
     # before it. So first attempts count unique jobs, and every other run is waste.
     first = not request.retries and not header(request, DEFERRALS_HEADER)
-    metrics.record_task_attempt(task.name, first=first, job_id=request.id, queue_wait=waited)
+    metrics.record_task_attempt(
+        task.name, first=first, job_id=request.id, queue_wait=waited, pipe=pipe
+    )
 
 
 def waited(task, reason: str) -> None:
@@ -65,9 +68,9 @@ def waited(task, reason: str) -> None:
         metrics.record_retry(task.name, reason)
 
 
-def completed(task) -> None:
+def completed(task, *, pipe: Pipeline | None = None) -> None:
     if task.policy.counts_as_job:
-        metrics.record_completion(task.name)
+        metrics.record_completion(task.name, pipe=pipe)
 
 
 def failed(task) -> None:

@@ -36,6 +36,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from redis import RedisError
 
+from config.redis import redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient
 from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
@@ -128,12 +129,14 @@ class PlumbTask(Task):
     def _attempt(self, host, permit, args, kwargs):
         queue = self._queue()
         run_id = f"{self.request.id}:{time.monotonic_ns()}"
-        instrumentation.attempt_started(self)
+        # The attempt's metrics and its running-registry entry go in one round trip.
+        pipe = redis_client().pipeline(transaction=False)
+        instrumentation.attempt_started(self, pipe=pipe)
         backlog.attempt_started(
-            queue,
-            run_id,
-            lease_seconds=self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue],
-        )
+            queue, run_id,
+            lease_seconds=self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue], pipe=pipe,
+        )  # fmt: skip
+        self._send_bookkeeping(pipe, "attempt_started")
         hard, soft = self.request.timelimit or (None, None)
         timelimits.attempt_started(
             self.name, self.request.id,
@@ -150,13 +153,26 @@ class PlumbTask(Task):
             return self._after_error(exc)
         else:
             outcome = breakers.SUCCESS
-            instrumentation.completed(self)
             return result
         finally:
             timelimits.attempt_stopped()
-            backlog.attempt_stopped(queue, run_id)
+            pipe = redis_client().pipeline(transaction=False)
+            if outcome == breakers.SUCCESS:
+                instrumentation.completed(self, pipe=pipe)
+            backlog.attempt_stopped(queue, run_id, pipe=pipe)
+            self._send_bookkeeping(pipe, "attempt_stopped")
             if permit is not None:
                 self._record_verdict(host, permit, outcome)
+
+    def _send_bookkeeping(self, pipe, moment: str) -> None:
+        try:
+            pipe.execute()
+        except RedisError as exc:
+            # Best effort: the run goes on (and its outcome stands) without its bookkeeping.
+            log.warning(
+                "task.bookkeeping_unrecorded",
+                extra={"task": self.name, "moment": moment, "error": repr(exc)},
+            )
 
     def _record_verdict(self, host: str, permit: breakers.Permit, outcome: str) -> None:
         try:

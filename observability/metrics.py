@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 from prometheus_client.utils import floatToGoString
+from redis.client import Pipeline
 
 from config.redis import redis_client
 
@@ -316,7 +317,13 @@ def _expiry(minute: int) -> int:
     return (minute + 1) * 60 + settings.METRICS_RETENTION_HOURS * 3600
 
 
-def _record(event: str, write: Callable[[_Recorder], None], now: float | None) -> None:
+def _record(
+    event: str, write: Callable[[_Recorder], None], now: float | None, pipe: Pipeline | None = None
+) -> None:
+    if pipe is not None:
+        # The caller's pipeline: it sends this with its own writes, in one round trip.
+        write(_Recorder(pipe, minute_of(now)))
+        return
     try:
         pipe = redis_client().pipeline(transaction=False)
         write(_Recorder(pipe, minute_of(now)))
@@ -334,8 +341,12 @@ def record_task_attempt(
     job_id: str,
     queue_wait: float | None = None,
     now: float | None = None,
+    pipe: Pipeline | None = None,
 ) -> None:
-    """A worker started running `task` for job `job_id` (the task id, kept across retries)."""
+    """A worker started running `task` for job `job_id` (the task id, kept across retries).
+
+    With `pipe` (here and in `record_completion`) the writes join the caller's pipeline.
+    """
 
     def write(r: _Recorder) -> None:
         r.count(TASK_ATTEMPTS, task)
@@ -347,7 +358,7 @@ def record_task_attempt(
         if queue_wait is not None:
             r.observe(QUEUE_WAIT, task, value=max(0.0, queue_wait))
 
-    _record("task_attempt", write, now)
+    _record("task_attempt", write, now, pipe)
 
 
 def record_retry(task: str, reason: str, *, now: float | None = None) -> None:
@@ -361,12 +372,12 @@ def record_retry(task: str, reason: str, *, now: float | None = None) -> None:
     _record("retry", write, now)
 
 
-def record_completion(task: str, *, now: float | None = None) -> None:
+def record_completion(task: str, *, now: float | None = None, pipe: Pipeline | None = None) -> None:
     def write(r: _Recorder) -> None:
         r.count(TASK_COMPLETIONS, task)
         r.bump(Field.COMPLETIONS)
 
-    _record("completion", write, now)
+    _record("completion", write, now, pipe)
 
 
 def record_failure(task: str, *, now: float | None = None) -> None:
