@@ -7,6 +7,7 @@ import time
 
 import pytest
 import redis
+from celery import shared_task
 from django.conf import settings
 
 from audits import admission
@@ -14,6 +15,7 @@ from audits.admission import BucketAnswer, client_ip, submit_bucket_key
 from audits.tasks import AUDIT_TIME_LIMIT_SECONDS
 from jobs import backlog, delayed
 from jobs.backlog import BacklogSnapshot, backlog_snapshot
+from jobs.task import PlumbTask
 from observability.collector import exposition
 from observability.metrics import minute_key, minute_of
 
@@ -180,6 +182,20 @@ def test_registry_writes_are_best_effort_when_redis_is_down(settings, caplog):
     backlog.attempt_started(AUDITS, "run-1", lease_seconds=70)
     backlog.attempt_stopped(AUDITS, "run-1")
     assert [r.getMessage() for r in caplog.records].count("backlog.note_failed") == 2
+
+
+@shared_task(bind=True, base=PlumbTask, name="tests.bookkeeping_probe", queue=AUDITS)
+def bookkeeping_probe(self):
+    return "ran"
+
+
+def test_an_attempt_runs_and_succeeds_when_its_bookkeeping_cannot_be_written(settings, caplog):
+    # Its metrics and running-registry entry go in one pipeline at the start and one at
+    # the end; with Redis down each is logged, and the run is not touched.
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    assert bookkeeping_probe.apply().get() == "ran"
+    unrecorded = [r for r in caplog.records if r.getMessage() == "task.bookkeeping_unrecorded"]
+    assert [r.moment for r in unrecorded] == ["attempt_started", "attempt_stopped"]
 
 
 # --- the decision --------------------------------------------------------------------
