@@ -47,7 +47,12 @@ AUDIT_STEPS = [
     ),
     ("downstream host lookup (database)", r"^downstream_host \("),
     ("breaker", r"^(_permit|_record_verdict) \(jobs/task.py"),
-    ("running registry (backlog)", r"^attempt_(started|stopped) \(jobs/backlog.py"),
+    # The attempt's metrics and running-registry entry, one pipeline at its start and end:
+    # the writes queued into it are metrics (below), sending it is this step.
+    (
+        "running registry and sending the attempt's pipelines",
+        r"^(_send_bookkeeping \(jobs/task.py|attempt_(started|stopped) \(jobs/backlog.py)",
+    ),
     ("metrics", r"\(jobs/instrumentation.py|\(observability/metrics.py"),
     ("claim audit (database)", r"^claim_audit \(audits/services.py"),
     ("fetch", r"^fetch_page \(outbound/integrations/page.py"),

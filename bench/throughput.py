@@ -66,6 +66,8 @@ CLIENT_THREADS = 16
 BARE_LOOP_THREADS = 64
 SLOW_DELAY = 0.2
 LINKS = 50
+# Audits run (and not timed) before each end-to-end run: a few per worker process.
+WARM_UP_AUDITS = 16
 
 # Only what the benchmark must change from `make run`'s defaults.
 STACK_ENV = {
@@ -202,8 +204,20 @@ class ReferenceView:
         self.drop()
 
 
-def _celery_ready(log: Path) -> bool:
-    return log.exists() and "ready." in log.read_text()
+def _log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def _celery_ready(log: Path, since: int) -> bool:
+    """Has the worker logging to `log` said it is ready since the log was `since` bytes long?
+
+    The logs of one run are appended to (a phase's worker writes after the previous
+    phase's), so an earlier worker's "ready." must not count."""
+    if not log.exists():
+        return False
+    with log.open("rb") as text:
+        text.seek(since)
+        return b"ready." in text.read()
 
 
 def bare_loop(site: str, count: int) -> dict:
@@ -256,11 +270,12 @@ class Stack:
     def start_workers(self) -> None:
         """Every audits worker `make run` starts (AUDITS_WORKER_PROCESSES, one per core)."""
         names = [name for name in self.commands if name.startswith("worker-audits")]
+        since = {name: _log_size(self.logs / f"{name}.log") for name in names}
         self.workers = [
             SessionProcess(name, self.commands[name], self.env, self.logs).start() for name in names
         ]
         for name in names:
-            wait_for(lambda name=name: _celery_ready(self.logs / f"{name}.log"), timeout=60,
+            wait_for(lambda name=name: _celery_ready(self.logs / f"{name}.log", since[name]), timeout=60,
                      message=f"the audits worker {name}")  # fmt: skip
 
     def submit(self, urls: list[str]) -> tuple[float, float]:
@@ -296,6 +311,11 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
     try:
         stack.start_web()
         stack.start_workers()
+        # Warmed up as the references are: each process has loaded what a first request or
+        # task loads (the reference's worker runs a task on each process before it is timed).
+        stack.submit([f"{site}/{tag}-warm/{n}" for n in range(WARM_UP_AUDITS)])
+        wait_for(lambda: stack.finished()[0] >= WARM_UP_AUDITS, timeout=120,
+                 message="the warm-up audits", interval=0.2)  # fmt: skip
         memory = PeakRSS(stack.workers)
         memory.start()
         profilers = profile(args, stack, tag) if args.profile else []
@@ -303,7 +323,7 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
         started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
         count, failed, latest = wait_for(
-            lambda: (row := stack.finished())[0] >= args.count and row,
+            lambda: (row := stack.finished())[0] >= WARM_UP_AUDITS + args.count and row,
             timeout=900, message="the audits", interval=0.2,
         )  # fmt: skip
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
@@ -388,7 +408,7 @@ def link_checks(args, site: str, logs: Path, redis_url: str) -> dict:
     stack = Stack(args, logs, redis_url)
     try:
         stack.start_web()
-        stack.start_worker()
+        stack.start_workers()
         probe = time.time()
         fetch_and_parse(f"{site}/probe")
         fetch_seconds = time.time() - probe
