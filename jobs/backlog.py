@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import partial
 
 import redis
 from redis.client import Pipeline
@@ -126,26 +125,28 @@ def attempt_started(
 ) -> None:
     """An attempt runs: its held message is not owed a slot while it does.
 
-    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller).
+    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller)
+    as an EVAL of the script's text: a pipeline holding a `Script` first asks Redis whether
+    it is loaded (SCRIPT EXISTS), a round trip of its own on every send.
     """
-    write = partial(
-        _STARTED,
-        keys=[running_key(queue)],
-        args=[run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS],
-    )
-    _note(queue, write, pipe)
+    keys = [running_key(queue)]
+    args = [run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS]
+    if pipe is not None:
+        pipe.eval(_STARTED.script, len(keys), *keys, *args)
+    else:
+        _best_effort(queue, lambda: _STARTED(keys=keys, args=args, client=redis_client()))
 
 
 def attempt_stopped(queue: str, run_id: str, *, pipe: Pipeline | None = None) -> None:
-    _note(queue, lambda client: client.zrem(running_key(queue), run_id), pipe)
-
-
-def _note(queue: str, write, pipe: Pipeline | None) -> None:
     if pipe is not None:
-        write(client=pipe)
-        return
+        pipe.zrem(running_key(queue), run_id)
+    else:
+        _best_effort(queue, lambda: redis_client().zrem(running_key(queue), run_id))
+
+
+def _best_effort(queue: str, write) -> None:
     try:
-        write(client=redis_client())
+        write()
     except redis.RedisError as exc:
-        # Best effort: the attempt runs even when its bookkeeping cannot be written.
+        # The attempt runs even when its bookkeeping cannot be written.
         log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})
