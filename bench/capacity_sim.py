@@ -1,22 +1,25 @@
 #!/usr/bin/env python
 """The capacity model at 1/100 scale: 100,000 pages across 1,000 domains in a compressed night.
 
-    .venv/bin/python bench/capacity_sim.py                 # ~25 minutes
-    .venv/bin/python bench/capacity_sim.py --pages 20000 --domains 200 --window 240
+    .venv/bin/python bench/capacity_sim.py                 # ~35 minutes
+    .venv/bin/python bench/capacity_sim.py --pages 20000 --domains 200 --window 300
 
 docs/capacity.md predicts, from figures measured on the machine, how long a night
 takes and what it asks of Redis and PostgreSQL. This runs such a night and compares:
 
-1. Calibrate (the model's inputs, measured here): a burst of `--calibration`
-   placements (`reaudit.place`, each creating and queueing its audit) published at
-   once and drained. Gives the machine's re-audits/s when never idle, and Redis
-   commands and PostgreSQL commits per re-audit.
-2. Predict, before the night runs, from the fan-out's own slice sizes: a slice's
-   placements arrive at slice_size / slice_seconds; the workers take
-   min(arrival, capacity) and the rest queues. The capacity is `--rate` when given (a
-   night's steady-state rate, docs/capacity.md's C), else the burst's. Predicted: the drain time (window
-   opened to last audit finished), the peak Redis commands/s and PostgreSQL
-   transactions/s (per-audit figures x the peak rate audits run at), connections.
+1. Calibrate (the model's inputs, measured here), two bursts drained flat out, each
+   timed between its 5th and 95th percent finished: `--calibration` audits published at
+   once (the audits/s `Ca` of a machine doing nothing else), then as many placements
+   (`reaudit.place`, each creating and queueing its audit: the re-audits/s `Cb`). A
+   placement costs `p` = Ca / Cb - 1 audits' worth of the machine. Each burst also
+   gives Redis commands and PostgreSQL commits per audit and per placement.
+2. Predict, before the night runs, from the fan-out's own slice sizes, second by
+   second: a slice's placements arrive at slice_size / slice_seconds and fire as they
+   arrive (at most Ca / p a second); the audits take what the placements leave, Ca -
+   p x placements/s, and the rest queues until the window's placements are done.
+   Predicted: the drain time (window opened to last audit finished), the audits/s
+   during the window and after it, the peak audits/s, Redis commands/s and
+   PostgreSQL commits/s (10 s means).
 3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
    domain's pages one window/pages-per-domain apart (its politeness), the stack as in
    production: a reaudit worker of 8 threads, and one audits worker process per core,
@@ -101,6 +104,57 @@ def peak(values: list[float], seconds: int = 10) -> float:
     return max(sum(values[i : i + seconds]) / seconds for i in range(len(values) - seconds + 1))
 
 
+def burst(env: dict, sampler: Sampler, code: str, count: int) -> dict:
+    """Run `code` (which queues `count` audits) and time the drain between its 5th and 95th
+    percent finished: neither the subprocess's start nor the last stragglers count."""
+    before = sampler.read()
+    readings: list[tuple[float, int]] = []
+
+    def finished() -> bool:
+        reading = sampler.read()
+        readings.append((reading["t"], reading["finished"] - before["finished"]))
+        return readings[-1][1] >= count
+
+    thread = threading.Thread(target=django, args=(env, code))
+    thread.start()
+    wait_for(finished, timeout=900, message="a calibration burst", interval=0.25)
+    thread.join()
+    after = sampler.read()
+    first = next(t for t, n in readings if n >= count * 0.05)
+    last = next(t for t, n in readings if n >= count * 0.95)
+    return {
+        "per_second": count * 0.9 / (last - first),
+        "redis_commands": (after["redis_commands"] - before["redis_commands"]) / count,
+        "commits": (after["commits"] - before["commits"]) / count,
+    }
+
+
+def predict_night(sizes: list[int], *, audit_rate: float, placement_cost: float) -> list[tuple]:
+    """(audits, placements) finished in each second of a night, from its slice sizes.
+
+    Placements fire as they arrive (at most audit_rate / placement_cost a second); the
+    audits get the rest of the machine: audit_rate - placement_cost x placements.
+    """
+    most_placements = audit_rate / placement_cost if placement_cost > 0 else float("inf")
+    owed_placements = queued_audits = 0.0
+    remaining, seconds = float(sum(sizes)), []
+    while remaining > 0.5 and len(seconds) < 100 * SLICE_SECONDS * max(1, len(sizes)):
+        index = len(seconds) // SLICE_SECONDS
+        owed_placements += sizes[index] / SLICE_SECONDS if index < len(sizes) else 0.0
+        placed = min(owed_placements, most_placements)
+        owed_placements -= placed
+        queued_audits += placed
+        audited = min(queued_audits, max(0.0, audit_rate - placement_cost * placed))
+        queued_audits -= audited
+        remaining -= audited
+        seconds.append((audited, placed))
+    return seconds
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
 def django(env: dict, code: str) -> str:
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup()\n" + code],
@@ -122,11 +176,25 @@ for n in range(pages):
 Page.objects.bulk_create(batch)
 """
 
-CALIBRATE = """
+CALIBRATE_PLACEMENTS = """
 from audits.models import Page
 from reaudit.tasks import place
 for page_id in Page.objects.order_by("id").values_list("id", flat=True)[:{count}]:
     place.apply_async(args=[page_id, "{day}"])
+"""
+
+# Audits alone: the rows first, then their messages, as a placement would queue them.
+CALIBRATE_AUDITS = """
+import uuid
+from audits.models import Audit, Page
+from audits.tasks import enqueue_audit
+pages = Page.objects.order_by("id").values_list("id", flat=True)[{count}:{count} * 2]
+audits = Audit.objects.bulk_create(
+    Audit(page_id=page_id, trigger=Audit.Trigger.REAUDIT, task_id=str(uuid.uuid4()))
+    for page_id in pages
+)
+for audit in audits:
+    enqueue_audit(audit)
 """
 
 FAN_OUT = """
@@ -155,9 +223,6 @@ def main() -> int:
     parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
     parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
                         help="audits worker processes (default: one per core)")  # fmt: skip
-    parser.add_argument("--rate", type=float,
-                        help="re-audits/s to predict with (docs/capacity.md's C, a night's steady "
-                             "state); default: the calibration burst's")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -201,60 +266,74 @@ def main() -> int:
             key: (idle_end[key] - idle_start[key]) / (idle_end["t"] - idle_start["t"])
             for key in ("redis_commands", "commits")
         }
-        # 1. Calibrate: a burst the workers drain flat out.
-        before = sampler.read()
-        django(env, CALIBRATE.format(count=args.calibration, day=CALIBRATION_DAY.isoformat()))
-        wait_for(lambda: sampler.read()["finished"] >= args.calibration, timeout=900,
-                 message="the calibration burst", interval=0.5)  # fmt: skip
-        after = sampler.read()
-        seconds = after["t"] - before["t"]
-        capacity = args.calibration / seconds
-        redis_per_audit = (after["redis_commands"] - before["redis_commands"]) / args.calibration
-        commits_per_audit = (after["commits"] - before["commits"]) / args.calibration
-        print(f"calibration: {capacity:.1f} audits/s, {redis_per_audit:.1f} Redis commands and "
-              f"{commits_per_audit:.1f} PostgreSQL commits per audit; idle "
+        # 1. Calibrate: audits alone, then placements (each with its audit), flat out.
+        audits = burst(env, sampler, CALIBRATE_AUDITS.format(count=args.calibration),
+                       args.calibration)  # fmt: skip
+        placements = burst(
+            env, sampler,
+            CALIBRATE_PLACEMENTS.format(count=args.calibration, day=CALIBRATION_DAY.isoformat()),
+            args.calibration,
+        )  # fmt: skip
+        audit_rate, reaudit_rate = audits["per_second"], placements["per_second"]
+        placement_cost = max(0.0, audit_rate / reaudit_rate - 1)
+        # A placement's own share: a re-audit's (placement + audit) less an audit's.
+        per_audit = {key: audits[key] for key in ("redis_commands", "commits")}
+        per_placement = {key: max(0.0, placements[key] - audits[key]) for key in per_audit}
+        print(f"calibration: audits alone {audit_rate:.1f}/s (Ca), placements with their "
+              f"audits {reaudit_rate:.1f}/s (Cb): a placement costs {placement_cost:.2f} of an "
+              f"audit; per audit {per_audit['redis_commands']:.1f} Redis commands and "
+              f"{per_audit['commits']:.1f} commits, per placement "
+              f"{per_placement['redis_commands']:.1f} and {per_placement['commits']:.1f}; idle "
               f"{idle['redis_commands']:.0f} commands/s, {idle['commits']:.1f} commits/s",
               flush=True)  # fmt: skip
 
         # 2. The night: fan out, then predict from its slices before it runs.
-        rate = args.rate or capacity
+        finished_before = sampler.read()["finished"]
         sampler.start()
         django(env, FAN_OUT.format(day=DAY.isoformat(), window=args.window))
         night = wait_for(lambda: json.loads(django(env, NIGHT.format(day=DAY.isoformat()))),
                          timeout=600, message="the fan-out", interval=1.0)  # fmt: skip
         sizes = night["slice_sizes"]
-        backlog, finish, busiest = 0.0, 0.0, 0.0
-        for index, size in enumerate(sizes):
-            arriving = size / SLICE_SECONDS
-            taken = min(rate, arriving + backlog / SLICE_SECONDS)
-            busiest = max(busiest, taken)
-            backlog = max(0.0, backlog + (arriving - taken) * SLICE_SECONDS)
-            finish = (index + 1) * SLICE_SECONDS
-        drain_predicted = finish + backlog / rate
+        window = len(sizes) * SLICE_SECONDS
+        seconds = predict_night(sizes, audit_rate=audit_rate, placement_cost=placement_cost)
+        audited = [a for a, _ in seconds]
+
+        def load(key: str) -> list[float]:
+            return [idle[key] + a * per_audit[key] + p * per_placement[key] for a, p in seconds]
+
         predicted = {
-            "drain_seconds": drain_predicted,
-            "peak_audits_per_second": busiest,
-            "peak_redis_commands_per_second": idle["redis_commands"] + busiest * redis_per_audit,
-            "peak_commits_per_second": idle["commits"] + busiest * commits_per_audit,
+            "drain_seconds": len(seconds),
+            "audits_per_second_in_window": mean(audited[:window]),
+            "audits_per_second_after_window": mean(audited[window:]),
+            "peak_audits_per_second": peak(audited),
+            "peak_redis_commands_per_second": peak(load("redis_commands")),
+            "peak_commits_per_second": peak(load("commits")),
         }
         print("predicted:", json.dumps({k: round(v, 1) for k, v in predicted.items()}), flush=True)
 
-        target = args.calibration + sum(sizes)
+        target = finished_before + sum(sizes)
         wait_for(lambda: sampler.samples and sampler.samples[-1]["finished"] >= target,
                  timeout=args.window * 4 + 600, message="the night", interval=2.0)  # fmt: skip
         samples = sampler.stop()
+        opened = night["window_start"]
         last_finished = next(s["t"] for s in samples if s["finished"] >= target)
+        at_open = min(samples, key=lambda s: abs(s["t"] - opened))
+        at_close = next((s for s in samples if s["t"] >= opened + window), samples[-1])
         measured = {
-            "drain_seconds": last_finished - night["window_start"],
+            "drain_seconds": last_finished - opened,
+            "audits_per_second_in_window": (at_close["finished"] - at_open["finished"])
+            / max(1.0, at_close["t"] - at_open["t"]),
+            "audits_per_second_after_window": (target - at_close["finished"])
+            / max(1.0, last_finished - at_close["t"]),
             "peak_audits_per_second": peak(rates(samples, "finished")),
             "peak_redis_commands_per_second": peak(rates(samples, "redis_commands")),
             "peak_commits_per_second": peak(rates(samples, "commits")),
             "peak_connections": max(s["connections"] for s in samples),
         }
         results = {"pages": args.pages, "domains": args.domains, "window": args.window,
-                   "audit_workers": args.audit_workers, "capacity": capacity, "rate": rate,
-                   "redis_per_audit": redis_per_audit, "commits_per_audit": commits_per_audit,
-                   "idle": idle,
+                   "audit_workers": args.audit_workers, "audit_rate": audit_rate,
+                   "reaudit_rate": reaudit_rate, "placement_cost": placement_cost,
+                   "per_audit": per_audit, "per_placement": per_placement, "idle": idle,
                    "busiest_slice": max(sizes), "predicted": predicted, "measured": measured}  # fmt: skip
         report(results)
         if args.json:
@@ -274,17 +353,20 @@ def report(results: dict) -> None:
     predicted, measured = results["predicted"], results["measured"]
     print(f"\n{results['pages']:,} pages, {results['domains']:,} domains, "
           f"{results['window']} s window, {results['audit_workers']} audits worker processes; "
-          f"calibrated {results['capacity']:.1f} audits/s, predicted with {results['rate']:.1f}")  # fmt: skip
+          f"Ca {results['audit_rate']:.1f}/s, Cb {results['reaudit_rate']:.1f}/s, "
+          f"p {results['placement_cost']:.2f}")  # fmt: skip
     print("| measure | predicted | measured | measured / predicted |")
     print("| --- | ---: | ---: | ---: |")
     for key, label in [
         ("drain_seconds", "drain time, s (window opens to last audit)"),
+        ("audits_per_second_in_window", "audits/s while the window's placements arrive"),
+        ("audits_per_second_after_window", "audits/s after the window, to the drain"),
         ("peak_audits_per_second", "peak audits/s (10 s mean)"),
         ("peak_redis_commands_per_second", "peak Redis commands/s"),
         ("peak_commits_per_second", "peak PostgreSQL commits/s"),
     ]:
-        print(f"| {label} | {predicted[key]:.0f} | {measured[key]:.0f} | "
-              f"{measured[key] / predicted[key]:.2f} |")  # fmt: skip
+        ratio = f"{measured[key] / predicted[key]:.2f}" if predicted[key] else "-"
+        print(f"| {label} | {predicted[key]:.0f} | {measured[key]:.0f} | {ratio} |")
     print(f"peak PostgreSQL connections: {measured['peak_connections']}")
 
 
