@@ -22,8 +22,8 @@ takes and what it asks of Redis and PostgreSQL. This runs such a night and compa
    PostgreSQL commits/s (10 s means).
 3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
    domain's pages one window/pages-per-domain apart (its politeness), the stack as in
-   production: a reaudit worker of 8 threads, and one audits worker process per core,
-   each with the default threads, on PostgreSQL. Sampled every second: audits finished, Redis
+   production: a reaudit worker of 8 threads, and the audits workers from `make run`'s
+   own command lines (one process per core, 32 threads each), on PostgreSQL. Sampled every second: audits finished, Redis
    commands (INFO), PostgreSQL commits and connections (pg_stat_database).
 
 Every page is on a local site answering at once: `Page.domain` carries the domain the
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from bench.services import SessionProcess, create_database, start_redis  # noqa: E402
-from bench.throughput import BIN, start_site  # noqa: E402
+from bench.throughput import BIN, stack_commands, start_site  # noqa: E402
 from tests.workers import wait_for  # noqa: E402
 
 DAY = date(2031, 3, 1)
@@ -249,10 +249,12 @@ def main() -> int:
         django(env, INSERT_PAGES.format(pages=args.pages, domains=args.domains, site=base))
         print(f"{args.pages:,} pages inserted in {time.time() - started:.0f} s", flush=True)
 
-        celery = f"{BIN / 'celery'} -A config worker --loglevel WARNING"
-        for n in range(args.audit_workers):
-            command = f"{celery} -Q audits -n audits{n}@%h --pool threads"
-            workers.append(SessionProcess(f"audits-{n}", command, env, logs).start())
+        # The audits workers as `make run` starts them: one per core, its threads each.
+        commands = stack_commands({**env, "AUDITS_WORKER_PROCESSES": str(args.audit_workers)})
+        for name, command in commands.items():
+            if name.startswith("worker-audits"):
+                workers.append(SessionProcess(name, command, env, logs).start())
+        celery = f"{BIN / 'celery'} -A config worker --loglevel INFO"
         # Placements are short database work: threads, like the audits (docs/capacity.md).
         workers.append(SessionProcess("reaudit", f"{celery} -Q reaudit -n reaudit@%h --pool threads --concurrency 8", env, logs).start())  # fmt: skip
         sampler = Sampler(redis_url, database_url)
