@@ -56,7 +56,12 @@ import redis  # noqa: E402
 
 from bench.reference import plain_celery as reference  # noqa: E402
 from bench.reference.plain_celery import fetch_and_parse  # noqa: E402
-from bench.services import SessionProcess, create_database, start_redis  # noqa: E402
+from bench.services import (  # noqa: E402
+    SessionProcess,
+    create_database,
+    machine_busy_seconds,
+    start_redis,
+)
 from config import devservices  # noqa: E402
 from tests.workers import wait_for  # noqa: E402
 
@@ -321,6 +326,7 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
         profilers = profile(args, stack, tag) if args.profile else []
         roles = {"web": [stack.web], "audits workers": stack.workers}
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
+        busy_before, busy_since = machine_busy_seconds(), time.time()
         started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
         count, failed, latest = wait_for(
             lambda: (row := stack.finished())[0] >= WARM_UP_AUDITS + args.count and row,
@@ -328,6 +334,11 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
         )  # fmt: skip
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
+        # Every core's busy time over the run, every process included (Redis, the site, the
+        # clients): how near the machine itself is to its limit.
+        busy = (machine_busy_seconds() - busy_before) / (
+            (time.time() - busy_since) * os.cpu_count()
+        )
         peak = memory.stop()
         for profiler in profilers:
             profiler.send_signal(2)
@@ -339,7 +350,7 @@ def plumb_end_to_end(args, site: str, logs: Path, redis_url: str, *, tag: str) -
         "per_second": args.count / elapsed, "seconds": elapsed, "failed": failed,
         "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
         "audits_workers": len(stack.workers),
-        "cpu_ms_per_audit": cpu_ms,
+        "cpu_ms_per_audit": cpu_ms, "machine_busy": busy,
     }  # fmt: skip
 
 
@@ -470,7 +481,8 @@ def report(results: dict, args) -> None:
             print(f"{phase}: {plumb['audits_workers']} audits worker(s), peak RSS together "
                   f"{plumb['worker_rss'] / 2**20:.0f} MB, "
                   f"{plumb['failed']} failed, submissions during the run "
-                  f"{plumb['submissions_per_second']:.0f}/s; CPU ms per audit: "
+                  f"{plumb['submissions_per_second']:.0f}/s; machine busy "
+                  f"{plumb['machine_busy']:.0%}; CPU ms per audit: "
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip
 
 
