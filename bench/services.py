@@ -113,6 +113,41 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of the processes, those still alive."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def pids_named(name: str) -> list[int]:
+    """Every process whose command name is `name` (`postgres`: the server and its backends)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as comm:
+                    if comm.read().strip() == name:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy (every core, every process) since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 class SessionProcess:
     """A process in its own session, so a signal to it reaches its children (a worker's
     pool, gunicorn's workers), logging to `logs`/`name`.log. `start()` again after a
@@ -148,15 +183,7 @@ class SessionProcess:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) of every live process of the session."""
-        ticks = 0
-        for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rpartition(")")[2].split()
-                ticks += int(fields[11]) + int(fields[12])
-            except OSError:
-                continue
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pids())
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
