@@ -49,7 +49,14 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from bench.services import SessionProcess, create_database, start_redis  # noqa: E402
+from bench.services import (  # noqa: E402
+    SessionProcess,
+    cpu_seconds,
+    create_database,
+    machine_busy_seconds,
+    pids_named,
+    start_redis,
+)
 from bench.throughput import BIN, stack_commands, start_site  # noqa: E402
 from tests.workers import wait_for  # noqa: E402
 
@@ -75,11 +82,13 @@ class Sampler(threading.Thread):
         commits, backends = self.db.execute(
             "SELECT xact_commit, numbackends FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
-        finished = self.db.execute(
-            "SELECT count(*) FROM audits_audit WHERE status IN ('succeeded', 'failed')"
-        ).fetchone()[0]
+        # Every placement creates its audit: rows created are placements fired.
+        finished, created = self.db.execute(
+            "SELECT count(*) FILTER (WHERE status IN ('succeeded', 'failed')), count(*) "
+            "FROM audits_audit"
+        ).fetchone()
         return {"t": time.time(), "redis_commands": commands, "commits": commits,
-                "connections": backends, "finished": finished}  # fmt: skip
+                "connections": backends, "finished": finished, "created": created}  # fmt: skip
 
     def run(self) -> None:
         while not self.stopped.wait(1.0):
@@ -104,10 +113,34 @@ def peak(values: list[float], seconds: int = 10) -> float:
     return max(sum(values[i : i + seconds]) / seconds for i in range(len(values) - seconds + 1))
 
 
-def burst(env: dict, sampler: Sampler, code: str, count: int) -> dict:
+class CpuMeter:
+    """CPU-seconds spent so far by each role of the stack, and by the whole machine."""
+
+    def __init__(self, workers: list[SessionProcess], redis_pid: int | None):
+        self.workers, self.redis_pid = workers, redis_pid
+
+    def read(self) -> dict[str, float]:
+        def role(prefix: str) -> float:
+            return sum(p.cpu_seconds() for p in self.workers if p.name.startswith(prefix))
+
+        return {
+            "audits workers": role("worker-audits"),
+            "reaudit workers": role("reaudit"),
+            "postgres": cpu_seconds(pids_named("postgres")),
+            "redis": cpu_seconds([self.redis_pid]) if self.redis_pid else 0.0,
+            "machine (every process)": machine_busy_seconds(),
+        }
+
+    def per_job_ms(self, before: dict[str, float], jobs: int) -> dict[str, float]:
+        now = self.read()
+        return {key: (now[key] - before[key]) * 1000 / jobs for key in now}
+
+
+def burst(env: dict, sampler: Sampler, cpu: CpuMeter, code: str, count: int) -> dict:
     """Run `code` (which queues `count` audits) and time the drain between its 5th and 95th
     percent finished: neither the subprocess's start nor the last stragglers count."""
     before = sampler.read()
+    cpu_before = cpu.read()
     readings: list[tuple[float, int]] = []
 
     def finished() -> bool:
@@ -126,6 +159,7 @@ def burst(env: dict, sampler: Sampler, code: str, count: int) -> dict:
         "per_second": count * 0.9 / (last - first),
         "redis_commands": (after["redis_commands"] - before["redis_commands"]) / count,
         "commits": (after["commits"] - before["commits"]) / count,
+        "cpu_ms": cpu.per_job_ms(cpu_before, count),
     }
 
 
@@ -221,6 +255,8 @@ def main() -> int:
     parser.add_argument("--domains", type=int, default=1_000)
     parser.add_argument("--window", type=int, default=900, help="seconds in the night window")
     parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
+    parser.add_argument("--reaudit-workers", type=int, default=1,
+                        help="reaudit worker processes, 8 threads each")  # fmt: skip
     parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
                         help="audits worker processes (default: one per core)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -256,7 +292,9 @@ def main() -> int:
                 workers.append(SessionProcess(name, command, env, logs).start())
         celery = f"{BIN / 'celery'} -A config worker --loglevel INFO"
         # Placements are short database work: threads, like the audits (docs/capacity.md).
-        workers.append(SessionProcess("reaudit", f"{celery} -Q reaudit -n reaudit@%h --pool threads --concurrency 8", env, logs).start())  # fmt: skip
+        for n in range(1, args.reaudit_workers + 1):
+            command = f"{celery} -Q reaudit -n reaudit-{n}@%h --pool threads --concurrency 8"
+            workers.append(SessionProcess(f"reaudit-{n}", command, env, logs).start())
         sampler = Sampler(redis_url, database_url)
         time.sleep(5)  # the workers connect
 
@@ -269,10 +307,11 @@ def main() -> int:
             for key in ("redis_commands", "commits")
         }
         # 1. Calibrate: audits alone, then placements (each with its audit), flat out.
-        audits = burst(env, sampler, CALIBRATE_AUDITS.format(count=args.calibration),
+        cpu = CpuMeter(workers, redis_process.pid if redis_process else None)
+        audits = burst(env, sampler, cpu, CALIBRATE_AUDITS.format(count=args.calibration),
                        args.calibration)  # fmt: skip
         placements = burst(
-            env, sampler,
+            env, sampler, cpu,
             CALIBRATE_PLACEMENTS.format(count=args.calibration, day=CALIBRATION_DAY.isoformat()),
             args.calibration,
         )  # fmt: skip
@@ -291,6 +330,7 @@ def main() -> int:
 
         # 2. The night: fan out, then predict from its slices before it runs.
         finished_before = sampler.read()["finished"]
+        cpu_before = cpu.read()
         sampler.start()
         django(env, FAN_OUT.format(day=DAY.isoformat(), window=args.window))
         night = wait_for(lambda: json.loads(django(env, NIGHT.format(day=DAY.isoformat()))),
@@ -306,6 +346,7 @@ def main() -> int:
         predicted = {
             "drain_seconds": len(seconds),
             "audits_per_second_in_window": mean(audited[:window]),
+            "placements_per_second_in_window": mean([p for _, p in seconds[:window]]),
             "audits_per_second_after_window": mean(audited[window:]),
             "peak_audits_per_second": peak(audited),
             "peak_redis_commands_per_second": peak(load("redis_commands")),
@@ -317,6 +358,7 @@ def main() -> int:
         wait_for(lambda: sampler.samples and sampler.samples[-1]["finished"] >= target,
                  timeout=args.window * 4 + 600, message="the night", interval=2.0)  # fmt: skip
         samples = sampler.stop()
+        night_cpu_ms = cpu.per_job_ms(cpu_before, sum(sizes))
         opened = night["window_start"]
         last_finished = next(s["t"] for s in samples if s["finished"] >= target)
         at_open = min(samples, key=lambda s: abs(s["t"] - opened))
@@ -324,6 +366,8 @@ def main() -> int:
         measured = {
             "drain_seconds": last_finished - opened,
             "audits_per_second_in_window": (at_close["finished"] - at_open["finished"])
+            / max(1.0, at_close["t"] - at_open["t"]),
+            "placements_per_second_in_window": (at_close["created"] - at_open["created"])
             / max(1.0, at_close["t"] - at_open["t"]),
             "audits_per_second_after_window": (target - at_close["finished"])
             / max(1.0, last_finished - at_close["t"]),
@@ -333,10 +377,14 @@ def main() -> int:
             "peak_connections": max(s["connections"] for s in samples),
         }
         results = {"pages": args.pages, "domains": args.domains, "window": args.window,
-                   "audit_workers": args.audit_workers, "audit_rate": audit_rate,
+                   "audit_workers": args.audit_workers,
+                   "reaudit_workers": args.reaudit_workers, "audit_rate": audit_rate,
                    "reaudit_rate": reaudit_rate, "placement_cost": placement_cost,
                    "per_audit": per_audit, "per_placement": per_placement, "idle": idle,
-                   "busiest_slice": max(sizes), "predicted": predicted, "measured": measured}  # fmt: skip
+                   "busiest_slice": max(sizes), "predicted": predicted, "measured": measured,
+                   "cpu_ms": {"audits alone, per audit": audits["cpu_ms"],
+                              "placements burst, per re-audit": placements["cpu_ms"],
+                              "the night, per re-audit": night_cpu_ms}}  # fmt: skip
         report(results)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
@@ -361,7 +409,8 @@ def report(results: dict) -> None:
     print("| --- | ---: | ---: | ---: |")
     for key, label in [
         ("drain_seconds", "drain time, s (window opens to last audit)"),
-        ("audits_per_second_in_window", "audits/s while the window's placements arrive"),
+        ("placements_per_second_in_window", "placements/s while the window is open"),
+        ("audits_per_second_in_window", "audits/s while the window is open"),
         ("audits_per_second_after_window", "audits/s after the window, to the drain"),
         ("peak_audits_per_second", "peak audits/s (10 s mean)"),
         ("peak_redis_commands_per_second", "peak Redis commands/s"),
@@ -370,6 +419,11 @@ def report(results: dict) -> None:
         ratio = f"{measured[key] / predicted[key]:.2f}" if predicted[key] else "-"
         print(f"| {label} | {predicted[key]:.0f} | {measured[key]:.0f} | {ratio} |")
     print(f"peak PostgreSQL connections: {measured['peak_connections']}")
+    phases = results["cpu_ms"]
+    print("\n| CPU ms | " + " | ".join(phases) + " |")
+    print("| --- |" + " ---: |" * len(phases))
+    for role in next(iter(phases.values())):
+        print(f"| {role} | " + " | ".join(f"{phase[role]:.1f}" for phase in phases.values()) + " |")
 
 
 if __name__ == "__main__":
