@@ -68,9 +68,14 @@ class Placement(models.Model):
         indexes = [
             models.Index(fields=["fan_out", "slice_index"], name="placement_slice_idx"),
             # count_scheduled() counts through this: it holds only the placements
-            # still to fire, so it shrinks through the night.
+            # still to fire, so it shrinks through the night. The page is in it so a
+            # placement firing finds its own row in it: keyed by the night alone, the
+            # planner (whose statistics predate the night's bulk insert) chose it for
+            # that lookup and walked every unfired placement of the night, each time.
             models.Index(
-                fields=["fan_out"], condition=Q(fired_at__isnull=True), name="placement_unfired_idx"
+                fields=["fan_out", "page"],
+                condition=Q(fired_at__isnull=True),
+                name="placement_unfired_idx",
             ),
         ]
 
