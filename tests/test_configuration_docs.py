@@ -45,14 +45,25 @@ def settings_read_by_the_code() -> set[str]:
     return names - NOT_PLUMB_SETTINGS
 
 
-def documented_settings() -> set[str]:
+def setting_rows() -> list[str]:
     text = (ROOT / "docs" / "configuration.md").read_text()
-    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", text, flags=re.MULTILINE))
+    return re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", text, flags=re.MULTILINE)
+
+
+def documented_settings() -> set[str]:
+    return set(setting_rows())
 
 
 def test_every_setting_read_by_the_code_has_a_row():
     missing = settings_read_by_the_code() - documented_settings()
     assert not missing, f"add rows to docs/configuration.md for: {sorted(missing)}"
+
+
+def test_each_setting_has_one_row():
+    # Two rows drift apart: one gets the new default or caveat and the other still reads true.
+    rows = setting_rows()
+    twice = sorted({name for name in rows if rows.count(name) > 1})
+    assert not twice, f"docs/configuration.md has more than one row for: {twice}"
 
 
 def test_every_documented_setting_is_read_by_the_code():
