@@ -136,7 +136,8 @@ class Audit(models.Model):
 
     # Unguessable, so holding an audit's id is what lets a client read it.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="audits")
+    # No index of its own: audit_page_created_idx leads with the page and serves its lookups.
+    page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="audits", db_index=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SUBMITTED)
     attempts = models.PositiveIntegerField(default=0)
@@ -177,6 +178,13 @@ class Audit(models.Model):
             models.Index(fields=["status", "-created_at"], name="audit_status_created_idx"),
             models.Index(fields=["trigger", "-created_at"], name="audit_trigger_created_idx"),
             models.Index(fields=["page", "-created_at"], name="audit_page_created_idx"),
+            # A finish's lookup of the page's previous success: one probe, whatever the
+            # planner's statistics say (DECISIONS.md, "An audit's previous success").
+            models.Index(
+                fields=["page", "-finished_at"],
+                condition=models.Q(status="succeeded"),
+                name="audit_page_success_idx",
+            ),
             # The dashboard's count of pages that got worse in the last day.
             models.Index(
                 fields=["finished_at"],
