@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The capacity model at 1/100 scale: 100,000 pages across 1,000 domains in a compressed night.
 
-    .venv/bin/python bench/capacity_sim.py                 # ~35 minutes
-    .venv/bin/python bench/capacity_sim.py --pages 20000 --domains 200 --window 300
+    .venv/bin/python bench/capacity_sim.py                 # ~22 minutes here
+    .venv/bin/python bench/capacity_sim.py --pages 20000 --domains 200 --window 300  # ~8
 
 docs/capacity.md predicts, from figures measured on the machine, how long a night
 takes and what it asks of Redis and PostgreSQL. This runs such a night and compares:
@@ -23,8 +23,9 @@ takes and what it asks of Redis and PostgreSQL. This runs such a night and compa
 3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
    domain's pages one window/pages-per-domain apart (its politeness), the stack as in
    production: a reaudit worker of 8 threads, and the audits workers from `make run`'s
-   own command lines (one process per core, 32 threads each), on PostgreSQL. Sampled every second: audits finished, Redis
-   commands (INFO), PostgreSQL commits and connections (pg_stat_database).
+   own command lines (one process per core, 32 threads each), on PostgreSQL. Sampled
+   every second: audits finished, Redis commands (INFO), PostgreSQL commits and
+   connections (pg_stat_database); CPU per role read from /proc over the whole night.
 
 Every page is on a local site answering at once: `Page.domain` carries the domain the
 night spaces and the breakers key on (d0.sim ... d999.sim), the URL the local port.
