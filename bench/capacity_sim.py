@@ -257,7 +257,10 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=900, help="seconds in the night window")
     parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
     parser.add_argument("--reaudit-workers", type=int, default=1,
-                        help="reaudit worker processes, 8 threads each")  # fmt: skip
+                        help="reaudit worker processes")  # fmt: skip
+    parser.add_argument("--reaudit-pool", default="threads --concurrency 8",
+                        help="each reaudit worker's pool, as celery worker options "
+                             "(make run's: 'prefork --concurrency 1')")  # fmt: skip
     parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
                         help="audits worker processes (default: one per core)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -294,7 +297,7 @@ def main() -> int:
         celery = f"{BIN / 'celery'} -A config worker --loglevel INFO"
         # Placements are short database work: threads, like the audits (docs/capacity.md).
         for n in range(1, args.reaudit_workers + 1):
-            command = f"{celery} -Q reaudit -n reaudit-{n}@%h --pool threads --concurrency 8"
+            command = f"{celery} -Q reaudit -n reaudit-{n}@%h --pool {args.reaudit_pool}"
             workers.append(SessionProcess(f"reaudit-{n}", command, env, logs).start())
         sampler = Sampler(redis_url, database_url)
         time.sleep(5)  # the workers connect
@@ -379,7 +382,8 @@ def main() -> int:
         }
         results = {"pages": args.pages, "domains": args.domains, "window": args.window,
                    "audit_workers": args.audit_workers,
-                   "reaudit_workers": args.reaudit_workers, "audit_rate": audit_rate,
+                   "reaudit_workers": args.reaudit_workers,
+                   "reaudit_pool": args.reaudit_pool, "audit_rate": audit_rate,
                    "reaudit_rate": reaudit_rate, "placement_cost": placement_cost,
                    "per_audit": per_audit, "per_placement": per_placement, "idle": idle,
                    "busiest_slice": max(sizes), "predicted": predicted, "measured": measured,
