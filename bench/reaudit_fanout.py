@@ -4,9 +4,9 @@
     .venv/bin/python bench/reaudit_fanout.py [--observe SECONDS]
 
 For each size it inserts the pages in bulk (ten per domain), starts a real
-`celery worker -Q reaudit` (concurrency 1, as `make run`), publishes `reaudit.fan_out`
-as the beat entry does, and samples the RSS of the worker's whole process tree (main
-process and pool child) and the messages it holds (`unacked:reaudit`) through the
+`celery worker -Q reaudit` (threads, REAUDIT_WORKER_CONCURRENCY of them, as `make run`),
+publishes `reaudit.fan_out` as the beat entry does, and samples the RSS of the worker's
+whole process tree and the messages it holds (`unacked:reaudit`) through the
 fan-out and the first SECONDS of slice 0. The night is the default one (21,600 s
 window, 600 s slices, 10 s spacing): a worker's memory peaks at the start of each
 slice, when it takes that slice's placements, so one slice at production size shows
@@ -107,6 +107,8 @@ def insert_pages(count: int) -> float:
 
 
 def start_worker(env: dict | None = None):
+    from django.conf import settings
+
     from tests.workers import WorkerProcess
 
     class QuietWorker(WorkerProcess):
@@ -122,7 +124,9 @@ def start_worker(env: dict | None = None):
         def output(self) -> str:
             return "".join(self.lines)
 
-    return QuietWorker("reaudit", env=env).start(timeout=60)
+    return QuietWorker(
+        "reaudit", pool="threads", concurrency=settings.REAUDIT_WORKER_CONCURRENCY, env=env
+    ).start(timeout=60)
 
 
 class TreeRSS:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from audits.models import Audit
@@ -18,6 +19,13 @@ from tests.reaudit_factories import DAY, domain_due_between, due_at, make_pages
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def start_reaudit(start_worker, **options):
+    """A reaudit worker as `make run` starts it: REAUDIT_WORKER_CONCURRENCY threads."""
+    return start_worker(
+        "reaudit", pool="threads", concurrency=settings.REAUDIT_WORKER_CONCURRENCY, **options
+    )
 
 
 def unfired(night: FanOut) -> int:
@@ -59,7 +67,7 @@ def test_a_short_night_places_every_page_once_spaced_and_each_at_or_after_its_of
     make_pages({"alpha.test": 3, "beta.test": 2, "gamma.test": 1}, base_url=site.base_url)
     make_pages({"unmarked.test": 2}, base_url=site.base_url, marked=False)
     start_worker("audits", concurrency=2)
-    reaudit = start_worker("reaudit")
+    reaudit = start_reaudit(start_worker)
 
     night = services.fan_out(
         DAY, window_seconds=6, slice_seconds=2, spacing_seconds=1, night_tasks=NIGHT_TASKS
@@ -97,7 +105,7 @@ def test_a_second_fan_out_and_a_placement_delivered_twice_leave_one_audit_per_pa
     start_worker, redis_client
 ):
     pages = make_pages({"alpha.test": 2, "beta.test": 2})
-    reaudit = start_worker("reaudit")
+    reaudit = start_reaudit(start_worker)
 
     night = services.fan_out(
         DAY, window_seconds=3, slice_seconds=1, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
@@ -140,7 +148,7 @@ def test_placements_due_hours_ahead_are_not_in_the_audit_backlog_nor_held_by_a_w
     make_pages({soon: 1})
     later = [domain_due_between(3600 * h, 3600 * h + 1800, window=window) for h in range(1, 6)]
     make_pages({domain: 20 for domain in later})
-    reaudit = start_worker("reaudit")
+    reaudit = start_reaudit(start_worker)
 
     night = services.fan_out(
         DAY,
@@ -178,7 +186,7 @@ def test_a_sigkilled_reaudit_worker_loses_no_placement(start_worker, redis_clien
     # The slice shorter than the visibility timeout, both short enough for a test.
     env = {"REAUDIT_VISIBILITY_TIMEOUT_SECONDS": "6", "REAUDIT_SLICE_SECONDS": "3"}
     make_pages({"alpha.test": 4, "beta.test": 4, "gamma.test": 4})
-    doomed = start_worker("reaudit", env=env)
+    doomed = start_reaudit(start_worker, env=env)
 
     night = services.fan_out(
         DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
@@ -192,7 +200,7 @@ def test_a_sigkilled_reaudit_worker_loses_no_placement(start_worker, redis_clien
     assert unfired(night) > 0
     assert held(redis_client, "reaudit"), "the killed worker's messages are still recorded"
 
-    survivor = start_worker("reaudit", env=env)
+    survivor = start_reaudit(start_worker, env=env)
     # What the catch-up beat entry does every minute, more often: it recovers a message
     # the kill caught between leaving the queue and being recorded as unacked.
     wait_until_all_fired(night, doomed, survivor, timeout=60, catching_up_every=2)
@@ -204,7 +212,7 @@ def test_a_stopped_reaudit_worker_puts_its_placements_back_and_the_missed_slice_
     start_worker, redis_client
 ):
     make_pages({"alpha.test": 4, "beta.test": 4, "gamma.test": 4})
-    first = start_worker("reaudit")
+    first = start_reaudit(start_worker)
 
     night = services.fan_out(
         DAY, window_seconds=9, slice_seconds=3, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
@@ -220,7 +228,7 @@ def test_a_stopped_reaudit_worker_puts_its_placements_back_and_the_missed_slice_
     stopped_until = night.window_start + timedelta(seconds=5)
     wait_for(lambda: timezone.now() > stopped_until, timeout=10, message="slice 1 to be missed")
 
-    second = start_worker("reaudit")
+    second = start_reaudit(start_worker)
     wait_until_all_fired(night, first, second)
     assert_one_reaudit_per_page_each_at_or_after_its_offset(night)
     # The missed slice ran when a worker came back, and the rest of the night moved with it.
