@@ -22,8 +22,8 @@ takes and what it asks of Redis and PostgreSQL. This runs such a night and compa
    PostgreSQL commits/s (10 s means).
 3. Run the night: `reaudit.fan_out` with a `--window` second window, 60 s slices, each
    domain's pages one window/pages-per-domain apart (its politeness), the stack as in
-   production: a reaudit worker of 8 threads, and the audits workers from `make run`'s
-   own command lines (one process per core, 32 threads each), on PostgreSQL. Sampled
+   production: the workers from `make run`'s own command lines (audits: one process per
+   core, 32 threads each; reaudit: one process of 8 threads), on PostgreSQL. Sampled
    every second: audits finished, Redis commands (INFO), PostgreSQL commits and
    connections (pg_stat_database); CPU per role read from /proc over the whole night.
 
@@ -58,7 +58,7 @@ from bench.services import (  # noqa: E402
     pids_named,
     start_redis,
 )
-from bench.throughput import BIN, stack_commands, start_site  # noqa: E402
+from bench.throughput import stack_commands, start_site  # noqa: E402
 from tests.workers import wait_for  # noqa: E402
 
 DAY = date(2031, 3, 1)
@@ -258,9 +258,9 @@ def main() -> int:
     parser.add_argument("--calibration", type=int, default=3_000, help="audits in the burst")
     parser.add_argument("--reaudit-workers", type=int, default=1,
                         help="reaudit worker processes")  # fmt: skip
-    parser.add_argument("--reaudit-pool", default="threads --concurrency 8",
-                        help="each reaudit worker's pool, as celery worker options "
-                             "(make run's: 'prefork --concurrency 1')")  # fmt: skip
+    parser.add_argument("--reaudit-pool",
+                        help="another pool for make run's reaudit worker, as celery worker "
+                             "options: 'prefork --concurrency 1'")  # fmt: skip
     parser.add_argument("--audit-workers", type=int, default=os.cpu_count() or 1,
                         help="audits worker processes (default: one per core)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -289,15 +289,16 @@ def main() -> int:
         django(env, INSERT_PAGES.format(pages=args.pages, domains=args.domains, site=base))
         print(f"{args.pages:,} pages inserted in {time.time() - started:.0f} s", flush=True)
 
-        # The audits workers as `make run` starts them: one per core, its threads each.
+        # The workers as `make run` starts them: audits one per core, its threads each,
+        # and the reaudit worker's threads, each of these named apart.
         commands = stack_commands({**env, "AUDITS_WORKER_PROCESSES": str(args.audit_workers)})
         for name, command in commands.items():
             if name.startswith("worker-audits"):
                 workers.append(SessionProcess(name, command, env, logs).start())
-        celery = f"{BIN / 'celery'} -A config worker --loglevel INFO"
-        # Placements are short database work: threads, like the audits (docs/capacity.md).
         for n in range(1, args.reaudit_workers + 1):
-            command = f"{celery} -Q reaudit -n reaudit-{n}@%h --pool {args.reaudit_pool}"
+            command = commands["worker-reaudit"].replace(" -n reaudit@%h", f" -n reaudit-{n}@%h")
+            if args.reaudit_pool:  # the last --pool and --concurrency are the ones celery takes
+                command += f" --pool {args.reaudit_pool}"
             workers.append(SessionProcess(f"reaudit-{n}", command, env, logs).start())
         sampler = Sampler(redis_url, database_url)
         time.sleep(5)  # the workers connect
