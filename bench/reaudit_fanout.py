@@ -4,7 +4,7 @@
     .venv/bin/python bench/reaudit_fanout.py [--observe SECONDS]
 
 For each size it inserts the pages in bulk (ten per domain), starts a real
-`celery worker -Q reaudit` (threads, REAUDIT_WORKER_CONCURRENCY of them, as `make run`),
+`celery worker -Q reaudit` (REAUDIT_WORKER_POOL and REAUDIT_WORKER_CONCURRENCY, as `make run`),
 publishes `reaudit.fan_out` as the beat entry does, and samples the RSS of the worker's
 whole process tree and the messages it holds (`unacked:reaudit`) through the
 fan-out and the first SECONDS of slice 0. The night is the default one (21,600 s
@@ -125,7 +125,10 @@ def start_worker(env: dict | None = None):
             return "".join(self.lines)
 
     return QuietWorker(
-        "reaudit", pool="threads", concurrency=settings.REAUDIT_WORKER_CONCURRENCY, env=env
+        "reaudit",
+        pool=settings.REAUDIT_WORKER_POOL,
+        concurrency=settings.REAUDIT_WORKER_CONCURRENCY,
+        env=env,
     ).start(timeout=60)
 
 

@@ -401,6 +401,7 @@ AUDITS_WORKER_PROCESSES = env_int("AUDITS_WORKER_PROCESSES", os.cpu_count() or 1
 # A placement is short database work, and a night's placements arrive as fast as a machine
 # audits: threads, like the audits. One prefork slot placed 45 a second in a night that
 # needed 67; 8 threads placed 110 (DECISIONS.md, "Re-audit").
+REAUDIT_WORKER_POOL = env_str("REAUDIT_WORKER_POOL", "threads")
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 8, minimum=1)
 # (The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY.)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)

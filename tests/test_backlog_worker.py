@@ -92,7 +92,7 @@ def test_a_due_retry_moves_from_retrying_to_running_without_being_counted_twice(
 
 
 def test_work_scheduled_hours_ahead_on_the_reaudit_queue_is_not_counted(start_worker, redis_client):
-    start_worker("reaudit", pool="threads")  # as make run starts it
+    start_worker("reaudit", pool=settings.REAUDIT_WORKER_POOL)  # as make run starts it
     three_hours = 3 * 3600
     run_audit.apply_async(
         args=["6f1f5b8e-0000-4000-8000-000000000000"],

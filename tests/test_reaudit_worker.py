@@ -22,9 +22,12 @@ pytestmark = pytest.mark.slow
 
 
 def start_reaudit(start_worker, **options):
-    """A reaudit worker as `make run` starts it: REAUDIT_WORKER_CONCURRENCY threads."""
+    """A reaudit worker as `make run` starts it."""
     return start_worker(
-        "reaudit", pool="threads", concurrency=settings.REAUDIT_WORKER_CONCURRENCY, **options
+        "reaudit",
+        pool=settings.REAUDIT_WORKER_POOL,
+        concurrency=settings.REAUDIT_WORKER_CONCURRENCY,
+        **options,
     )
 
 

@@ -67,7 +67,7 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
             for n in range(1, settings.AUDITS_WORKER_PROCESSES + 1)
         },
         "worker-reaudit": (
-            f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h --pool threads"
+            f"{celery} worker -Q {settings.REAUDIT_QUEUE} -n reaudit@%h --pool {settings.REAUDIT_WORKER_POOL}"
             f" --concurrency {settings.REAUDIT_WORKER_CONCURRENCY} --loglevel INFO"
         ),
         # Threads: a delivery waits on the network. Its concurrency is
