@@ -30,7 +30,7 @@ class PageAdmin(admin.ModelAdmin):
     list_filter = ["reaudit_nightly", RemovedFilter, "last_changed_at"]
     search_fields = ["url", "domain", "callback_url"]
     list_editable = ["reaudit_nightly"]
-    readonly_fields = ["created_at", "last_changed_at", "removed_at"]
+    readonly_fields = ["created_at", "last_changed_at", "last_worse_at", "removed_at"]
     # The page callback's secret is write-only (set through the API): never shown.
     exclude = ["callback_secret"]
 

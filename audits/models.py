@@ -32,7 +32,12 @@ class Page(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_changed_at = models.DateTimeField(
-        null=True, blank=True, db_index=True, help_text="When an audit last found a change."
+        null=True, blank=True, help_text="When an audit last found a change."
+    )
+    last_worse_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When an audit last found the page worse (audits.changes.got_worse).",
     )
     # Where `audit.changed` is POSTed when any audit of this page finds a change (webhooks
     # app), signed with the secret. Write-only like Audit.callback_secret.
@@ -46,7 +51,22 @@ class Page(models.Model):
 
     class Meta:
         ordering = ["url"]
-        indexes = [models.Index(fields=["reaudit_nightly", "id"], name="page_reaudit_idx")]
+        indexes = [
+            models.Index(fields=["reaudit_nightly", "id"], name="page_reaudit_idx"),
+            # The pages changed (or worse) since a moment: the listing's filter and the
+            # dashboard's counts read only the pages found so, whatever the planner's
+            # statistics say (DECISIONS.md, "Pages changed and worse are counted").
+            models.Index(
+                fields=["last_changed_at"],
+                condition=models.Q(removed_at=None),
+                name="page_changed_idx",
+            ),
+            models.Index(
+                fields=["last_worse_at"],
+                condition=models.Q(removed_at=None),
+                name="page_worse_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.url
@@ -75,7 +95,10 @@ class AuditQuerySet(models.QuerySet):
             # Still conditional: a finisher racing this one since the read changes nothing.
             updated = unfinished.update(**fields)
             if updated and fields.get("changes"):
-                Page.objects.filter(id=page_id).update(last_changed_at=finished_at)
+                page_fields = {"last_changed_at": finished_at}
+                if fields["got_worse"]:
+                    page_fields["last_worse_at"] = finished_at
+                Page.objects.filter(id=page_id).update(**page_fields)
         if updated:
             log.info(
                 "audit.finished",

@@ -93,10 +93,5 @@ def change_counts(*, now: datetime | None = None) -> dict[str, int]:
     current = Page.objects.current()
     return {
         "pages_changed": current.filter(last_changed_at__gte=since).count(),
-        "pages_worse": Audit.objects.filter(
-            got_worse=True, finished_at__gte=since, page__in=current
-        )
-        .values("page_id")
-        .distinct()
-        .count(),
+        "pages_worse": current.filter(last_worse_at__gte=since).count(),
     }

@@ -145,35 +145,43 @@ def test_a_missing_value_breaks_the_line_instead_of_drawing_zero():
     assert svg.count("<circle") == 1  # the lone last point
 
 
+def finished_with(page: Page, result: dict, *, at, monkeypatch) -> None:
+    """An audit of `page` finished at `at`, as a worker finishes it."""
+    audit = Audit.objects.create(page=page, task_id=f"{page.id}-{at.timestamp()}")
+    with monkeypatch.context() as patch:
+        patch.setattr(timezone, "now", lambda: at)
+        Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result=result)
+
+
 def test_the_dashboard_counts_pages_changed_in_the_last_day_and_those_that_got_worse(
-    client, redis_client
+    client, redis_client, monkeypatch
 ):
     now = timezone.now()
-    worse, better, stale, removed = (
+    worse, better, stale, removed, worse_then_better = (
         Page.objects.create(url=f"https://example.org/{name}", domain="example.org")
-        for name in ("worse", "better", "stale", "removed")
+        for name in ("worse", "better", "stale", "removed", "worse-then-better")
     )
-    for page, got_worse, when in (
-        (worse, True, now - timedelta(hours=3)),
-        (better, False, now - timedelta(hours=1)),
-        (stale, True, now - timedelta(days=2)),  # before the last day
-        (removed, True, now - timedelta(hours=2)),
-    ):
-        Audit.objects.create(
-            page=page,
-            status=Audit.Status.SUCCEEDED,
-            finished_at=when,
-            changes=[{"field": "title", "before": "a", "after": "b"}],
-            got_worse=got_worse,
-        )
-        Page.objects.filter(id=page.id).update(last_changed_at=when)
+    ok = {"status_code": 200, "title": "a"}
+    for page, results in (
+        (worse, [(ok, 5), ({"status_code": 500, "title": "a"}, 3)]),
+        (better, [(ok, 5), ({"status_code": 200, "title": "b"}, 1)]),
+        (stale, [(ok, 72), ({"status_code": 500, "title": "a"}, 48)]),  # before the last day
+        (removed, [(ok, 5), ({"status_code": 404, "title": "a"}, 2)]),
+        # Worse within the day, then changed again without getting worse: still worse today.
+        (worse_then_better, [(ok, 5), ({"status_code": 500}, 4), ({"status_code": 500}, 3),
+                             ({"status_code": 500, "title": "c"}, 1)]),
+    ):  # fmt: skip
+        for result, hours_ago in results:
+            finished_with(
+                page, result, at=now - timedelta(hours=hours_ago), monkeypatch=monkeypatch
+            )
     Page.objects.filter(id=removed.id).update(removed_at=now)
 
     client.force_login(get_user_model().objects.create_user("ops", password="pw", is_staff=True))
     html = client.get("/dashboard/").content.decode()
-    assert 'data-total="pages_changed">2<' in html
-    assert 'data-total="pages_worse">1<' in html
+    assert 'data-total="pages_changed">3<' in html
+    assert 'data-total="pages_worse">2<' in html
     assert 'href="/admin/audits/audit/?got_worse__exact=1"' in html
     samples = scrape()
-    assert samples[("plumb_pages_changed", ())] == 2
-    assert samples[("plumb_pages_worse", ())] == 1
+    assert samples[("plumb_pages_changed", ())] == 3
+    assert samples[("plumb_pages_worse", ())] == 2

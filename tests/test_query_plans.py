@@ -8,12 +8,15 @@ analyzed, as a night's are at its start) and on fresh ones.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits.models import Audit, Page
+from audits.pages import change_counts
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
 from tests.reaudit_factories import DAY, make_pages
@@ -94,3 +97,28 @@ def test_a_placement_firing_finds_its_row_by_night_and_page(statistics):
         assert "Seq Scan" not in scan, chosen
         assert "Cond" in condition and ("page_id" in condition or "(id = " in condition), chosen
     assert not any("BitmapAnd" in line for line in chosen), chosen
+
+
+@pytest.mark.parametrize("statistics", ["as they are", "fresh"])
+def test_the_pages_changed_and_worse_are_counted_from_their_own_indexes(statistics):
+    # Every page changed long ago: the counts read only the few changed in the last day.
+    pages = make_pages({"a.test": 1000, "b.test": 1000})
+    long_ago = timezone.now() - timedelta(days=3)
+    Page.objects.update(last_changed_at=long_ago, last_worse_at=long_ago)
+    Page.objects.filter(id__in=[page.id for page in pages[:5]]).update(
+        last_changed_at=timezone.now(), last_worse_at=timezone.now()
+    )
+    if statistics == "fresh":
+        analyze("audits_page", "audits_audit")
+
+    with CaptureQueriesContext(connection) as queries:
+        counts = change_counts()
+
+    assert counts == {"pages_changed": 5, "pages_worse": 5}
+    for column, index in (
+        ("last_changed_at", "page_changed_idx"),
+        ("last_worse_at", "page_worse_idx"),
+    ):
+        chosen = plan(queries, f'"audits_page"."{column}" >=')
+        assert index in chosen, chosen  # an index scan of it: plain, bitmap or index-only
+        assert "Seq Scan" not in chosen and "audits_audit" not in chosen, chosen
