@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
+from redis.client import Pipeline
 
 from config.redis import lua, redis_client
 from jobs.models import CircuitBreaker
@@ -219,17 +220,25 @@ class Breaker:
             self._transitioned(transition.decode())
         return Permit(decision.decode(), float(release_in))
 
-    def record(self, permit: Permit, outcome: str) -> None:
-        transition, calls, failures = _RECORD(
-            keys=[self.key, self.window_key],
-            args=[
-                outcome, "1" if permit.probe else "0",
-                settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
-                settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
-                settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
-            ],
-            client=redis_client(),
-        )  # fmt: skip
+    def record(self, permit: Permit, outcome: str, *, pipe: Pipeline | None = None) -> None:
+        """Record a call's outcome. With `pipe`, the script joins the caller's pipeline (as
+        an EVAL of its text, like the running registry's), and the caller hands its answer
+        to `recorded`."""
+        keys = [self.key, self.window_key]
+        args = [
+            outcome, "1" if permit.probe else "0",
+            settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
+            settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
+            settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
+        ]  # fmt: skip
+        if pipe is not None:
+            pipe.eval(_RECORD.script, len(keys), *keys, *args)
+        else:
+            self.recorded(_RECORD(keys=keys, args=args, client=redis_client()))
+
+    def recorded(self, answer: list) -> None:
+        """Act on the record script's answer: a transition is logged, counted and mirrored."""
+        transition, calls, failures = answer
         if transition:
             self._transitioned(transition.decode(), calls=int(calls), failures=int(failures))
 

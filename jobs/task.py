@@ -156,30 +156,47 @@ class PlumbTask(Task):
             return result
         finally:
             timelimits.attempt_stopped()
+            # The attempt's end, its metrics and its breaker's verdict in one round trip.
             pipe = redis_client().pipeline(transaction=False)
             if outcome == breakers.SUCCESS:
                 instrumentation.completed(self, pipe=pipe)
             backlog.attempt_stopped(queue, run_id, pipe=pipe)
-            self._send_bookkeeping(pipe, "attempt_stopped")
-            if permit is not None:
-                self._record_verdict(host, permit, outcome)
+            breaker = None if permit is None else breakers.Breaker(self.name, host)
+            if breaker is not None:
+                breaker.record(permit, outcome, pipe=pipe)
+            answers = self._send_bookkeeping(pipe, "attempt_stopped")
+            if breaker is not None:
+                self._after_verdict(breaker, None if answers is None else answers[-1])
 
-    def _send_bookkeeping(self, pipe, moment: str) -> None:
+    def _send_bookkeeping(self, pipe, moment: str) -> list | None:
+        """Send the pipeline; its answers, or None when it could not be sent."""
         try:
-            pipe.execute()
+            answers = pipe.execute(raise_on_error=False)
         except RedisError as exc:
             # Best effort: the run goes on (and its outcome stands) without its bookkeeping.
             log.warning(
                 "task.bookkeeping_unrecorded",
                 extra={"task": self.name, "moment": moment, "error": repr(exc)},
             )
+            return None
+        failed = [answer for answer in answers if isinstance(answer, Exception)]
+        if failed:
+            log.warning(
+                "task.bookkeeping_unrecorded",
+                extra={"task": self.name, "moment": moment, "error": repr(failed[0])},
+            )
+        return answers
 
-    def _record_verdict(self, host: str, permit: breakers.Permit, outcome: str) -> None:
+    def _after_verdict(self, breaker: breakers.Breaker, answer) -> None:
+        """Act on the breaker's answer to the verdict (None or an error: it was not recorded)."""
+        if answer is None or isinstance(answer, Exception):
+            log.error("breaker.record_failed", extra={"task": self.name, "host": breaker.host})
+            return
         try:
-            breakers.Breaker(self.name, host).record(permit, outcome)
+            breaker.recorded(answer)
         except Exception:
             # Bookkeeping must not turn a finished run into a failed one.
-            log.exception("breaker.record_failed", extra={"task": self.name, "host": host})
+            log.exception("breaker.record_failed", extra={"task": self.name, "host": breaker.host})
 
     def _check_arguments(self, args: tuple, kwargs: dict) -> None:
         try:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -158,7 +160,23 @@ class ResultField(serializers.JSONField):
     pass
 
 
-class AuditSerializer(serializers.ModelSerializer):
+class BuiltOnceModelSerializer(serializers.ModelSerializer):
+    """A ModelSerializer whose fields are built from the model once per class.
+
+    DRF builds a ModelSerializer's fields from the model's metadata for every instance (a
+    tenth of a submission's CPU under py-spy); they depend only on the class, so each
+    instance gets a copy of the class's, as a plain Serializer copies its declared fields.
+    """
+
+    def get_fields(self):
+        cls = type(self)
+        built = cls.__dict__.get("_built_fields")
+        if built is None:
+            built = cls._built_fields = super().get_fields()
+        return copy.deepcopy(built)
+
+
+class AuditSerializer(BuiltOnceModelSerializer):
     url = serializers.CharField(source="page.url", read_only=True)
     result = ResultField(read_only=True)
     page = serializers.IntegerField(source="page_id", read_only=True, help_text="The page's id.")
@@ -260,7 +278,7 @@ class PageUpdateSerializer(StrictSerializer):
         return data
 
 
-class LatestAuditSerializer(serializers.ModelSerializer):
+class LatestAuditSerializer(BuiltOnceModelSerializer):
     changes = ChangeSerializer(many=True, read_only=True, allow_null=True)
     links = serializers.SerializerMethodField()
 
@@ -274,7 +292,7 @@ class LatestAuditSerializer(serializers.ModelSerializer):
         return links_to(self.context, "audit-detail", audit_id=audit.id)
 
 
-class PageSerializer(serializers.ModelSerializer):
+class PageSerializer(BuiltOnceModelSerializer):
     callback_url = serializers.SerializerMethodField(
         help_text="Where `audit.changed` is POSTed; null without a page callback."
     )
