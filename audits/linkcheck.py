@@ -39,7 +39,7 @@ class QueuedCheck:
     task_id: str
 
 
-def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedCheck]]:
+def start_link_checks(audit_id: str, result: dict) -> tuple[bool, list[QueuedCheck]]:
     """Move the audit to `checking_links` with one queued check per external link.
 
     Returns whether it moved (False: nothing to check, the caller finishes the audit)
@@ -50,9 +50,11 @@ def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedChec
     if not links:
         return False, []
     cap = settings.AUDIT_MAX_LINK_CHECKS
-    rows = [LinkCheck(audit=audit, url=url, task_id=str(uuid.uuid4())) for url in links[:cap]] + [
+    rows = [
+        LinkCheck(audit_id=audit_id, url=url, task_id=str(uuid.uuid4())) for url in links[:cap]
+    ] + [
         LinkCheck(
-            audit=audit,
+            audit_id=audit_id,
             url=url,
             status=LinkCheck.Status.SKIPPED,
             detail=f"over the limit of {cap} checked links per page",
@@ -61,7 +63,7 @@ def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedChec
         for url in links[cap:]
     ]
     with transaction.atomic():
-        moved = Audit.objects.filter(id=audit.id, status=Audit.Status.RUNNING).update(
+        moved = Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING).update(
             status=Audit.Status.CHECKING_LINKS,
             result=result,
             link_checks_deadline=timezone.now()
@@ -74,12 +76,12 @@ def start_link_checks(audit: Audit, result: dict) -> tuple[bool, list[QueuedChec
         queued = [
             QueuedCheck(link_check_id, task_id)
             for link_check_id, task_id in LinkCheck.objects.filter(
-                audit=audit, status=LinkCheck.Status.QUEUED
+                audit_id=audit_id, status=LinkCheck.Status.QUEUED
             ).values_list("id", "task_id")
         ]
     if not queued:
-        finish_link_checks(str(audit.id))
-    log.info("audit.checking_links", extra={"audit_id": str(audit.id), "links": len(links)})
+        finish_link_checks(audit_id)
+    log.info("audit.checking_links", extra={"audit_id": audit_id, "links": len(links)})
     return True, queued
 
 

@@ -25,8 +25,9 @@ from outbound.integrations.page import fetch_page
 log = logging.getLogger(__name__)
 
 
-def claim_audit(audit_id: str) -> Audit | None:
-    """Mark the audit running for this attempt; None if it is finished or gone.
+def claim_audit(audit_id: str) -> str | None:
+    """Mark the audit running for this attempt and return its page's URL; None if it is
+    finished or gone.
 
     A `running` audit can be claimed again: that is a redelivery after a
     worker died mid-audit, and the audit must run to completion once more.
@@ -49,7 +50,7 @@ def claim_audit(audit_id: str) -> Audit | None:
     if not claimed:
         log.info("audit.skipped", extra={"audit_id": audit_id, "reason": "finished or missing"})
         return None
-    return Audit.objects.select_related("page").get(id=audit_id)
+    return Audit.objects.filter(id=audit_id).values_list("page__url", flat=True).get()
 
 
 def execute_audit(audit_id: str) -> list[QueuedCheck]:
@@ -60,12 +61,12 @@ def execute_audit(audit_id: str) -> list[QueuedCheck]:
     links moves on to `checking_links`; the last check (or the deadline sweep)
     finishes the audit.
     """
-    audit = claim_audit(audit_id)
-    if audit is None:
+    url = claim_audit(audit_id)
+    if url is None:
         return []
     try:
         fetched = fetch_page(
-            audit.page.url,
+            url,
             timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS,
             max_bytes=settings.AUDIT_MAX_PAGE_BYTES,
             user_agent=settings.AUDIT_USER_AGENT,
@@ -75,7 +76,7 @@ def execute_audit(audit_id: str) -> list[QueuedCheck]:
         Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return []
     result = audit_result(fetched)
-    started, queued = start_link_checks(audit, result)
+    started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
     return queued

@@ -54,7 +54,7 @@ def test_without_github_credentials_a_repository_link_is_a_plain_link(settings):
 def checking_audit(site, links: list[str], *, cap: int = 100, settings=None) -> Audit:
     page = submission.get_or_create_page(normalize_url(f"{site.base_url}/"))
     audit = Audit.objects.create(page=page, task_id="t", status=Audit.Status.RUNNING)
-    linkcheck.start_link_checks(audit, {"status_code": 200, "external_links": links})
+    linkcheck.start_link_checks(str(audit.id), {"status_code": 200, "external_links": links})
     return Audit.objects.get(id=audit.id)
 
 
