@@ -74,3 +74,16 @@ def test_each_worker_consumes_exactly_one_queue(compose, settings):
         queue = args[args.index("-Q") + 1]
         assert queue in settings.QUEUE_VISIBILITY_TIMEOUTS
         assert name == f"worker-{queue}"
+
+
+def test_the_workers_pools_are_make_run_s_from_the_same_variables(compose, settings):
+    # docker-compose substitutes ${NAME:-default} from the environment it runs in, as make
+    # run reads NAME: both must name the same setting, with the same default.
+    for name, pool, concurrency in (
+        ("worker-audits", "AUDITS_WORKER_POOL", "AUDITS_WORKER_CONCURRENCY"),
+        ("worker-reaudit", "REAUDIT_WORKER_POOL", "REAUDIT_WORKER_CONCURRENCY"),
+    ):
+        args = shlex.split(command_line(compose["services"][name]))
+        for option, setting in (("--pool", pool), ("--concurrency", concurrency)):
+            value = args[args.index(option) + 1]
+            assert value == f"${{{setting}:-{getattr(settings, setting)}}}", (name, value)
