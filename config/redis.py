@@ -22,6 +22,7 @@ import os
 import redis
 from django.conf import settings
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.retry import Retry
 
@@ -67,6 +68,13 @@ def lua(source: str) -> Script:
     Call it as `script(keys=[...], args=[...], client=redis_client())`.
     """
     return Script(None, source.encode())
+
+
+def queue_script(pipe: Pipeline, script: Script, *, keys: list, args: list) -> None:
+    """Queue `script` into `pipe` as an EVAL of its text: a pipeline holding a `Script`
+    first asks Redis whether it is loaded (SCRIPT EXISTS), a round trip of its own on every
+    send. Its answer is the script's slot in the pipeline's answers."""
+    pipe.eval(script.script, len(keys), *keys, *args)
 
 
 # Lua: `redis_now()` is the Redis server's clock, the one clock every process shares.

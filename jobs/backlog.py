@@ -34,7 +34,7 @@ import redis
 from redis.client import Pipeline
 
 from config.celery_app import queue_list_keys, unacked_key_for_queue
-from config.redis import REDIS_NOW_LUA, lua, redis_client
+from config.redis import REDIS_NOW_LUA, lua, queue_script, redis_client
 from jobs.delayed import delayed_key, leased_key
 
 log = logging.getLogger(__name__)
@@ -125,14 +125,12 @@ def attempt_started(
 ) -> None:
     """An attempt runs: its held message is not owed a slot while it does.
 
-    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller)
-    as an EVAL of the script's text: a pipeline holding a `Script` first asks Redis whether
-    it is loaded (SCRIPT EXISTS), a round trip of its own on every send.
+    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller).
     """
     keys = [running_key(queue)]
     args = [run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS]
     if pipe is not None:
-        pipe.eval(_STARTED.script, len(keys), *keys, *args)
+        queue_script(pipe, _STARTED, keys=keys, args=args)
     else:
         _best_effort(queue, lambda: _STARTED(keys=keys, args=args, client=redis_client()))
 

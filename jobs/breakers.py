@@ -38,7 +38,7 @@ from django.db.models import F
 from django.utils import timezone
 from redis.client import Pipeline
 
-from config.redis import lua, redis_client
+from config.redis import lua, queue_script, redis_client
 from jobs.models import CircuitBreaker
 from observability import metrics
 
@@ -221,9 +221,8 @@ class Breaker:
         return Permit(decision.decode(), float(release_in))
 
     def record(self, permit: Permit, outcome: str, *, pipe: Pipeline | None = None) -> None:
-        """Record a call's outcome. With `pipe`, the script joins the caller's pipeline (as
-        an EVAL of its text, like the running registry's), and the caller hands its answer
-        to `recorded`."""
+        """Record a call's outcome. With `pipe`, the script joins the caller's pipeline, and
+        the caller hands its answer to `recorded`."""
         keys = [self.key, self.window_key]
         args = [
             outcome, "1" if permit.probe else "0",
@@ -232,7 +231,7 @@ class Breaker:
             settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
         ]  # fmt: skip
         if pipe is not None:
-            pipe.eval(_RECORD.script, len(keys), *keys, *args)
+            queue_script(pipe, _RECORD, keys=keys, args=args)
         else:
             self.recorded(_RECORD(keys=keys, args=args, client=redis_client()))
 
