@@ -161,11 +161,12 @@ class PlumbTask(Task):
             if outcome == breakers.SUCCESS:
                 instrumentation.completed(self, pipe=pipe)
             backlog.attempt_stopped(queue, run_id, pipe=pipe)
-            breaker = None if permit is None else breakers.Breaker(self.name, host)
-            if breaker is not None:
+            if permit is None:
+                self._send_bookkeeping(pipe, "attempt_stopped")
+            else:
+                breaker = breakers.Breaker(self.name, host)
                 breaker.record(permit, outcome, pipe=pipe)
-            answers = self._send_bookkeeping(pipe, "attempt_stopped")
-            if breaker is not None:
+                answers = self._send_bookkeeping(pipe, "attempt_stopped")
                 self._after_verdict(breaker, None if answers is None else answers[-1])
 
     def _send_bookkeeping(self, pipe, moment: str) -> list | None:
