@@ -107,9 +107,7 @@ def insert_pages(count: int) -> float:
 
 
 def start_worker(env: dict | None = None):
-    from django.conf import settings
-
-    from tests.workers import WorkerProcess
+    from tests.workers import WorkerProcess, reaudit_as_make_run
 
     class QuietWorker(WorkerProcess):
         """Keeps only the last lines: a night logs a few lines per page."""
@@ -124,12 +122,7 @@ def start_worker(env: dict | None = None):
         def output(self) -> str:
             return "".join(self.lines)
 
-    return QuietWorker(
-        "reaudit",
-        pool=settings.REAUDIT_WORKER_POOL,
-        concurrency=settings.REAUDIT_WORKER_CONCURRENCY,
-        env=env,
-    ).start(timeout=60)
+    return QuietWorker("reaudit", **reaudit_as_make_run(), env=env).start(timeout=60)
 
 
 class TreeRSS:

@@ -21,7 +21,7 @@ from jobs.backlog import backlog_snapshot as queue_snapshot
 from jobs.breakers import FAILURE, Breaker
 from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
-from tests.workers import wait_for
+from tests.workers import reaudit_as_make_run, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def test_a_due_retry_moves_from_retrying_to_running_without_being_counted_twice(
 
 
 def test_work_scheduled_hours_ahead_on_the_reaudit_queue_is_not_counted(start_worker, redis_client):
-    start_worker("reaudit", pool=settings.REAUDIT_WORKER_POOL)  # as make run starts it
+    start_worker("reaudit", **reaudit_as_make_run())
     three_hours = 3 * 3600
     run_audit.apply_async(
         args=["6f1f5b8e-0000-4000-8000-000000000000"],

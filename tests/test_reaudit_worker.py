@@ -7,7 +7,6 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from audits.models import Audit
@@ -16,19 +15,14 @@ from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.tasks import NIGHT_TASKS, catch_up, place
 from tests.broker import backlog, held, queued
 from tests.reaudit_factories import DAY, domain_due_between, due_at, make_pages
-from tests.workers import wait_for
+from tests.workers import reaudit_as_make_run, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def start_reaudit(start_worker, **options):
     """A reaudit worker as `make run` starts it."""
-    return start_worker(
-        "reaudit",
-        pool=settings.REAUDIT_WORKER_POOL,
-        concurrency=settings.REAUDIT_WORKER_CONCURRENCY,
-        **options,
-    )
+    return start_worker("reaudit", **reaudit_as_make_run(), **options)
 
 
 def unfired(night: FanOut) -> int:

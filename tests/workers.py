@@ -33,6 +33,14 @@ def database_url_for_workers() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+def reaudit_as_make_run() -> dict:
+    """The reaudit worker's pool options as `make run` starts it (devstack runstack)."""
+    return {
+        "pool": settings.REAUDIT_WORKER_POOL,
+        "concurrency": settings.REAUDIT_WORKER_CONCURRENCY,
+    }
+
+
 class WorkerProcess:
     def __init__(
         self,
