@@ -60,16 +60,27 @@ class WorkerThread(bootsteps.StartStopStep):
         try:
             # A first tick as the worker starts, then one every interval.
             while not self._stopping.is_set():
-                try:
-                    self.tick(worker, client)
-                except Exception:  # a Redis or database hiccup must not end the thread
-                    log.exception("worker_thread.failed", extra={"thread": self.thread_name})
-                finally:
-                    # This thread's own database connection: not held between ticks.
-                    connections.close_all()
+                self._tick_once(worker, client)
                 self._stopping.wait(self.interval())
         finally:
             client.close()
+
+    def _tick_once(self, worker, client: redis.Redis) -> None:
+        """One tick; nothing it raises, nor logging that, nor closing the connections, ends
+        the thread (a Redis or database hiccup is exactly what it must outlive)."""
+        try:
+            self.tick(worker, client)
+        except Exception:
+            # `thread` is a LogRecord attribute: logging refuses it as an `extra` key.
+            log.exception("worker_thread.failed", extra={"worker_thread": self.thread_name})
+        finally:
+            # This thread's own database connection: not held between ticks.
+            try:
+                connections.close_all()
+            except Exception:
+                log.exception(
+                    "worker_thread.close_failed", extra={"worker_thread": self.thread_name}
+                )
 
 
 class DelayedWaker(WorkerThread):
