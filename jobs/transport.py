@@ -44,6 +44,7 @@ from contextlib import contextmanager
 
 from kombu.transport import redis, virtual
 from kombu.utils.json import dumps
+from redis.exceptions import ConnectionError
 
 from jobs.deadletters import record_rejected_message
 
@@ -79,6 +80,16 @@ class Channel(redis.Channel):
         if client:
             yield client
             return
+        if self.connection is None or self.connection.client is None:
+            # The broker connection is already torn down (Celery closes it after losing
+            # Redis, and kombu then restores the unacked messages through here). There is
+            # nothing to build a client from: kombu's own path raised AttributeError on
+            # `_connparams` and Celery stopped the worker ("Unrecoverable error"). A
+            # connection error is what Celery's close ignores and recovers from; the
+            # messages stay in the unacked hash, where `restore_visible` finds them after
+            # the visibility timeout, and a Redis that came back empty is the
+            # reconciler's (PostgreSQL holds what is owed).
+            raise ConnectionError("the broker connection of this channel is closed")
         shared = self._shared_client
         if shared is None or shared.connection_pool is not self.pool:
             shared = self._shared_client = self._create_client()
