@@ -223,7 +223,24 @@ CELERY_BROKER_URL = REDIS_URL
 # dead-lettered instead of stopping the worker (jobs/transport.py).
 CELERY_BROKER_TRANSPORT = "jobs.transport:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AUDITS_VISIBILITY_TIMEOUT_SECONDS}
+# A worker that loses Redis reconnects for as long as it takes (Celery's default gives
+# up after 100 attempts, about 50 minutes, and the process exits). A channel error
+# (kombu's for Redis: ResponseError, so READONLY or UNBLOCKED from a master that a
+# failover demoted) restarts the consumer the same way, instead of stopping the worker.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CHANNEL_ERROR_RETRY = True
+# kombu waits forever on a command by default: a Redis that vanished without closing
+# the TCP connection (a failover, a NAT timeout) would hang a publish or an ack for
+# good. kombu's health checks (health_check_interval, 25 s) cover the idle BRPOP.
+BROKER_SOCKET_TIMEOUT_SECONDS = env_float("BROKER_SOCKET_TIMEOUT_SECONDS", 10.0, minimum=1.0)
+BROKER_CONNECT_TIMEOUT_SECONDS = env_float("BROKER_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.1)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": AUDITS_VISIBILITY_TIMEOUT_SECONDS,
+    "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
+    "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_SECONDS,
+    "socket_keepalive": True,
+    "retry_on_timeout": True,
+}
 CELERY_TASK_DEFAULT_QUEUE = AUDIT_QUEUE
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_TASK_SERIALIZER = "json"

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from config.celery_app import transport_options_for_queue
+from config.celery_app import app, transport_options_for_queue
 from tests.workers import ROOT
 
 
@@ -32,8 +32,6 @@ def test_a_worker_for_two_queues_refuses_to_start():
 
 
 def test_every_periodic_task_is_registered_and_names_its_queue(settings):
-    from config.celery_app import app
-
     app.loader.import_default_modules()
     assert {"audits.requeue_stuck_audits", "audits.finish_overdue_link_checks"} <= {
         entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()
@@ -41,3 +39,14 @@ def test_every_periodic_task_is_registered_and_names_its_queue(settings):
     for entry in settings.CELERY_BEAT_SCHEDULE.values():
         assert entry["task"] in app.tasks
         assert entry["options"]["queue"] in settings.QUEUE_VISIBILITY_TIMEOUTS
+
+
+def test_a_worker_reconnects_for_as_long_as_redis_is_away(settings):
+    # Celery's default stops a worker after 100 failed reconnects (about 50 minutes),
+    # and after any channel error (READONLY from a demoted master): both reconnect.
+    assert app.conf.broker_connection_max_retries is None
+    assert app.conf.broker_channel_error_retry is True
+    options = transport_options_for_queue("webhooks")
+    # No broker command waits forever on a connection whose peer vanished.
+    assert options["socket_timeout"] == settings.BROKER_SOCKET_TIMEOUT_SECONDS
+    assert options["socket_connect_timeout"] == settings.BROKER_CONNECT_TIMEOUT_SECONDS
