@@ -1,6 +1,7 @@
 """Run the whole service in the foreground: web, one worker per queue, beat, Flower.
 
-`make run` calls this. Ctrl-C or SIGTERM stops every process it started.
+`make run` calls this. A process that exits is restarted with backoff
+(devstack.supervisor); Ctrl-C or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError, call_command
-from honcho.manager import Manager
-from honcho.printer import Printer
-
 from config import devservices
+from devstack.supervisor import Supervisor
 
 
 def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
@@ -120,18 +119,17 @@ class Command(BaseCommand):
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
             self._ensure_admin()
-            manager = Manager(Printer(sys.stdout))
+            supervisor = Supervisor(sys.stdout)
             for name, command in stack_commands(demo).items():
-                manager.add_process(name, command, env=env)
+                supervisor.add(name, command, env=env)
             self._print_urls(demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated else None)
             if demo:
                 threading.Thread(target=self._submit_demo_pages, daemon=True).start()
-            manager.loop()
+            supervisor.run()
         finally:
             if redis_process is not None:
                 redis_process.terminate()
                 redis_process.wait(timeout=10)
-        sys.exit(manager.returncode or 0)
 
     def _ensure_redis(self):
         url = settings.REDIS_URL
