@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import sys
+
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions, status
@@ -30,9 +34,26 @@ class ServiceUnavailable(exceptions.APIException):
         self.extra = extra or {}
 
 
+# A database that is away (restarting, failing over, out of connections) is a 503 the
+# client may retry, spread over this range so clients do not all come back at once.
+DATABASE_RETRY_AFTER_SECONDS = (5, 15)
+# What Django raises when it cannot reach the database or lost its connection mid-request.
+DATABASE_AWAY = (OperationalError, InterfaceError)
+
+
+def database_unavailable() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "The database cannot be reached right now; nothing was changed. Try again shortly.",
+        code="database_unavailable",
+        retry_after=random.randint(*DATABASE_RETRY_AFTER_SECONDS),
+    )
+
+
 def json_exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge(f"Request body must be at most {settings.API_MAX_BODY_BYTES} bytes.")
+    if isinstance(exc, DATABASE_AWAY):
+        exc = database_unavailable()
     response = exception_handler(exc, context)
     if response is None:
         return None
@@ -82,6 +103,16 @@ def json_not_found(request, exception=None):
 
 
 def json_server_error(request):
+    """handler500. Django calls it while handling the exception: one that says the
+    database is away (raised outside an API view, e.g. by a middleware reading the
+    session) is a 503 with Retry-After, not a 500."""
+    if isinstance(sys.exc_info()[1], DATABASE_AWAY):
+        unavailable = database_unavailable()
+        response = JsonResponse(
+            {"error": "database_unavailable", "message": str(unavailable.detail)}, status=503
+        )
+        response["Retry-After"] = str(unavailable.retry_after)
+        return response
     if request.path.startswith("/api/"):
         return JsonResponse(
             {"error": "internal_error", "message": "Something went wrong on our side."}, status=500

@@ -125,3 +125,20 @@ def test_a_worker_retries_through_a_database_outage_and_finishes_the_audit(
     wait_for(lambda: Audit.objects.get(id=audit.id).status == "succeeded", timeout=60,
              message="the audit to finish once the database is back")  # fmt: skip
     assert site.hits["/noindex"] == 1
+
+
+def test_a_submission_while_the_database_is_away_gets_503_and_can_retry(db_proxy, site):
+    web = WebProcess({**os.environ, "DEBUG": "true", "DATABASE_URL": via(db_proxy)})
+    try:
+        db_proxy.cut()
+        refused = web.submit(f"{site.base_url}/noindex?during=outage")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] == "database_unavailable"
+        assert 5 <= int(refused.headers["Retry-After"]) <= 15
+
+        db_proxy.restore()
+        wait_for(lambda: web.submit(f"{site.base_url}/noindex?after=outage").status_code == 202,
+                 timeout=30, message="submissions to be accepted again")  # fmt: skip
+        assert not Audit.objects.filter(page__url__contains="during=outage").exists()
+    finally:
+        web.stop()
