@@ -12,6 +12,7 @@ DECISIONS.md ("make run restarts what exits") says why this is not supervisord.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -146,7 +147,5 @@ class Supervisor:
 
     @staticmethod
     def _signal(program: Program, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has just exited
             os.killpg(program.process.pid, signum)
-        except ProcessLookupError:
-            pass
