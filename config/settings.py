@@ -115,7 +115,10 @@ DATABASES = {
         # A pooled connection goes back to the pool at the end of each request
         # or task: Django requires conn_max_age 0 with the pool.
         conn_max_age=0 if DB_POOL_MAX_SIZE else env_int("DB_CONN_MAX_AGE", 60, minimum=0),
-        conn_health_checks=not DB_POOL_MAX_SIZE,
+        # A kept connection is checked before reuse; with the pool, Django hands this to
+        # psycopg_pool as its `check`. Off, the first request after a database restart
+        # or failover got a dead pooled connection and failed.
+        conn_health_checks=True,
     )
 }
 if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":

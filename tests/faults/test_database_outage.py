@@ -142,3 +142,21 @@ def test_a_submission_while_the_database_is_away_gets_503_and_can_retry(db_proxy
         assert not Audit.objects.filter(page__url__contains="during=outage").exists()
     finally:
         web.stop()
+
+
+def test_a_pooled_connection_is_checked_before_use_after_a_database_restart(db_proxy):
+    web = WebProcess(
+        {**os.environ, "DEBUG": "true", "DATABASE_URL": via(db_proxy), "DB_POOL_MAX_SIZE": "2"}
+    )
+    try:
+        before = httpx.get(f"{web.url}/healthz", timeout=10)
+        assert before.status_code == 200, before.text
+        # Every connection the pool holds dies, as in a restart or failover; then the
+        # database is back before the next request.
+        db_proxy.cut()
+        db_proxy.restore()
+        # The very first request after it gets a live connection.
+        first = httpx.get(f"{web.url}/healthz", timeout=30)
+        assert first.status_code == 200, first.text
+    finally:
+        web.stop()
