@@ -42,6 +42,7 @@ def browser_fields(text: str, *, url: str) -> dict:
     )
     base = resolve_link(url, base_href) or url if base_href is not None else url
     description = canonical = None
+    seen_canonical = False
     robots = []
     for el in elements:
         if el.tag == f"{HTML}meta":
@@ -50,9 +51,10 @@ def browser_fields(text: str, *, url: str) -> dict:
                 description = (el.get("content") or "").strip()
             elif name in {"robots", "googlebot"}:
                 robots.append((el.get("content") or "").lower())
-        elif el.tag == f"{HTML}link" and canonical is None:
-            if "canonical" in (el.get("rel") or "").lower().split():
-                canonical = resolve_link(base, el.get("href") or "") if el.get("href") else None
+        elif el.tag == f"{HTML}link" and not seen_canonical and _is_canonical(el):
+            seen_canonical = True
+            href = el.get("href")
+            canonical = resolve_link(base, href, keep_fragment=True) if href else None
     own_host = url.split("/")[2]
     external = set()
     for el in elements:
@@ -71,3 +73,7 @@ def browser_fields(text: str, *, url: str) -> dict:
         "h1_count": sum(el.tag == f"{HTML}h1" for el in elements),
         "external_links": sorted(external),
     }
+
+
+def _is_canonical(link) -> bool:
+    return "canonical" in (link.get("rel") or "").lower().split()
