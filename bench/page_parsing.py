@@ -62,7 +62,7 @@ def corpus(analyze_html) -> None:
             lxml.html.document_fromstring(body)
 
     ours, bare = timed(analysis), timed(bare_lxml)
-    print("\n## Corpus (30 pages)")
+    print("\n### Corpus (30 pages)")
     print(f"analysis {ours / len(pages) * 1000:.2f} ms a page, bare lxml parse "
           f"{bare / len(pages) * 1000:.2f} ms: {ours / bare:.2f}x")  # fmt: skip
 
@@ -76,7 +76,7 @@ def hostile(analyze_html) -> None:
         "10,000-deep nesting": ("<title>d</title>" + "<div>" * 10_000 + "</div>" * 10_000).encode(),
         "5 MB of text in one title": b"<title>" + b"word " * (1024 * 1024) + b"</title>",
     }
-    print("\n## Hostile pages (one analysis each)")
+    print("\n### Hostile pages (one analysis each)")
     print("| page | bytes | seconds | peak RSS growth (MiB) | stored links |")
     print("| --- | --- | --- | --- | --- |")
     for name, body in pages.items():
@@ -122,7 +122,7 @@ def largest_audit() -> None:
         admin = get_user_model().objects.create_superuser("bench", "b@example.org", "pw")
         client = Client()
         client.force_login(admin)
-        print(f"\n## The largest audit (AUDIT_MAX_LINKS={settings.AUDIT_MAX_LINKS})")
+        print(f"\n### The largest audit (AUDIT_MAX_LINKS={settings.AUDIT_MAX_LINKS})")
         print("| audit | admin page s | admin bytes | API s | API bytes |")
         print("| --- | --- | --- | --- | --- |")
         measured = {}
