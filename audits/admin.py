@@ -128,22 +128,41 @@ class AuditAdmin(admin.ModelAdmin):
             rows,
         )
 
-    @admin.display(description="Result")
+    @admin.display(description="Result (long lists and strings abridged: the API has all)")
     def result_pretty(self, audit: Audit):
         if audit.result is None:
             return "-"
-        return format_html("<pre>{}</pre>", json.dumps(audit.result, indent=2, sort_keys=True))
+        # Abridged, so the page stays small whatever the audit holds: a browser chokes on
+        # a megabyte of JSON long before the server does (DECISIONS.md, "Bounded audits").
+        shown = json.dumps(_abridged(audit.result), indent=2, sort_keys=True)
+        return format_html("<pre>{}</pre>", shown)
 
     def has_add_permission(self, request):
         return False
 
 
 _NOT_SET = object()  # a value change has no added/removed
+SHOWN_ITEMS = 20
+SHOWN_CHARS = 300
+
+
+def _abridged(value):
+    """`value` with lists cut to SHOWN_ITEMS and strings to SHOWN_CHARS, each cut said."""
+    if isinstance(value, dict):
+        return {key: _abridged(item) for key, item in value.items()}
+    if isinstance(value, list):
+        shown = [_abridged(item) for item in value[:SHOWN_ITEMS]]
+        if len(value) > SHOWN_ITEMS:
+            shown.append(f"... {len(value) - SHOWN_ITEMS} more")
+        return shown
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]}... ({len(value) - SHOWN_CHARS} more characters)"
+    return value
 
 
 def _shown(value) -> str:
     if value is _NOT_SET:
         return ""
     if isinstance(value, list):
-        return ", ".join(value) if value else "(none)"
-    return json.dumps(value)
+        return ", ".join(map(str, _abridged(value))) if value else "(none)"
+    return json.dumps(_abridged(value))

@@ -298,6 +298,10 @@ LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, mi
 LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
 AUDIT_LINKCHECK_DEADLINE_SECONDS = env_float("AUDIT_LINKCHECK_DEADLINE_SECONDS", 120.0, minimum=1)
 AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
+# External links an audit keeps (the first in the page, as a crawler caps a page's
+# outlinks); the rest are only counted (result.links_over_cap): what one page can make
+# an audit store, check and serve is bounded (DECISIONS.md, "Bounded audits").
+AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 300, minimum=0)
 
 GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
 GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")

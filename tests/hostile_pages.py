@@ -1,0 +1,74 @@
+"""Pages on 127.0.0.1 built to hurt an auditor: huge, binary, link-stuffed (issue 26)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+CHUNK = 64 * 1024
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: HostilePages
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_GET(self):
+        page = self.server.pages.get(urlsplit(self.path).path)
+        if page is None:
+            body, size, content_type = b"<title>Target</title>", None, "text/html"
+        else:
+            body, size, content_type = page
+        size = len(body) if size is None else size
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        sent = 0
+        try:
+            while sent < size:  # the body repeated up to `size`: 50 MB without holding it
+                piece = body[: size - sent]
+                self.wfile.write(piece)
+                sent += len(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the auditor stopped reading at its byte cap
+
+
+class HostilePages(ThreadingHTTPServer):
+    """`pages[path] = (body, size or None, content type)`; any other path is a small page."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.pages: dict[str, tuple[bytes, int | None, str]] = {}
+
+    def handle_error(self, request, client_address):
+        pass
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> HostilePages:
+        threading.Thread(target=self.serve_forever, name="hostile-pages", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def link_stuffed_page(host: str, *, links: int, length: int = 0) -> bytes:
+    """`links` distinct external links to `host` (each padded to `length` characters),
+    then one 100,000-character link."""
+    anchors = []
+    for i in range(links):
+        url = f"http://{host}/{i}/"
+        anchors.append(f"<a href='{url}{'p' * max(0, length - len(url))}'>{i}</a>")
+    anchors.append(f"<a href='http://{host}/long/{'x' * 100_000}'>long</a>")
+    return ("<!doctype html><title>Links</title>" + "".join(anchors)).encode()
