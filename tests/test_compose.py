@@ -14,6 +14,8 @@ import pytest
 import yaml
 from django.core.management import get_commands
 
+from config.celery_app import app as celery_app
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_SERVICES = {
     "redis",
@@ -87,3 +89,19 @@ def test_the_workers_pools_are_make_run_s_from_the_same_variables(compose, setti
         for option, setting in (("--pool", pool), ("--concurrency", concurrency)):
             value = args[args.index(option) + 1]
             assert value == f"${{{setting}:-{getattr(settings, setting)}}}", (name, value)
+
+
+def test_a_worker_s_stop_grace_outlasts_its_queue_s_longest_task(compose):
+    # A restart (docker compose up, a deploy) sends SIGTERM: the worker finishes what it
+    # runs. Killed before that, an audit is fetched again after the visibility timeout.
+    celery_app.loader.import_default_modules()
+    for name in ("worker-audits", "worker-reaudit", "worker-webhooks"):
+        queue = name.removeprefix("worker-")
+        limits = [
+            task.time_limit or 0
+            for task in celery_app.tasks.values()
+            if getattr(task, "queue", None) == queue
+        ]
+        grace = compose["services"][name]["stop_grace_period"]
+        assert grace.endswith("s")
+        assert int(grace.removesuffix("s")) > max(limits), name
