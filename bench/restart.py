@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """A deploy under load: SIGTERM the whole stack with audits in flight, start it again.
 
-    .venv/bin/python bench/restart.py                 # 200 audits, pages answering in 1 s
+    .venv/bin/python bench/restart.py                 # 400 audits, pages answering in 3 s
     .venv/bin/python bench/restart.py --audits 100
 
 What it starts, all on 127.0.0.1: a throwaway redis-server (or REDIS_URL's, which it
 empties), a fresh PostgreSQL database next to DATABASE_URL's (the local server when
 unset; dropped afterwards), a downstream whose every page answers after --page-seconds,
 and the stack as `make run` starts it (runstack's command lines): gunicorn and the audits
-workers. It submits --audits audits (each its own page), waits until --at of them have
-been fetched, sends SIGTERM to every process of the stack at once (each stops as a deploy
+workers. It submits --audits audits (each its own page) before the workers start, starts
+them, waits until --at pages have been fetched, sends SIGTERM to every process of the stack at once (each stops as a deploy
 stops it: a worker warm, finishing what it runs), starts the same command lines again, and
 waits for every audit to finish.
 
@@ -61,8 +61,8 @@ class _PageHandler(QuietHandler):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--audits", type=int, default=200)
-    parser.add_argument("--page-seconds", type=float, default=1.0)
+    parser.add_argument("--audits", type=int, default=400)
+    parser.add_argument("--page-seconds", type=float, default=3.0)
     parser.add_argument("--at", type=int, default=60, help="fetches before the SIGTERM")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
@@ -95,14 +95,15 @@ def main() -> int:
 
         redis.Redis.from_url(redis_url).flushdb()
         call_command("migrate", interactive=False, verbosity=0)
-        wanted = {
-            name: command
-            for name, command in stack_commands().items()
-            if name == "web" or name.startswith("worker-audits")
+        commands = stack_commands()
+        wanted = {"web": commands["web"]} | {
+            name: command for name, command in commands.items() if name.startswith("worker-audits")
         }
         processes = [SessionProcess(name, command, env, logs) for name, command in wanted.items()]
-        for process in processes:
-            process.start()
+        web, workers = processes[0], processes[1:]
+        # The web first: every audit is accepted and queued before a worker takes one, so
+        # the SIGTERM finds the workers busy and the queue full.
+        web.start()
         api = f"http://{settings.WEB_HOST}:{settings.WEB_PORT}"
         wait_until(lambda: answers(f"{api}/healthz"), 60, f"the stack (logs in {logs})")
 
@@ -117,17 +118,20 @@ def main() -> int:
                 )
             )
         accepted = [r.json()["id"] for r in answers_ if r.status_code == 202]
-        print(f"{len(accepted)} of {args.audits} accepted", flush=True)
+        print(f"{len(accepted)} of {args.audits} accepted; starting the workers", flush=True)
+        for worker in workers:
+            worker.start()
         wait_until(lambda: sum(site.fetches.values()) >= args.at, 120, f"{args.at} fetches")
 
         in_flight = Audit.objects.filter(status=Audit.Status.RUNNING).count()
+        queued = Audit.objects.filter(status=Audit.Status.QUEUED).count()
         stopping = time.monotonic()
         with ThreadPoolExecutor(len(processes)) as pool:
             list(pool.map(SessionProcess.stop, processes))
         stop_seconds = time.monotonic() - stopping
         done_before = Audit.objects.filter(status=Audit.Status.SUCCEEDED).count()
         print(
-            f"SIGTERM with {in_flight} running, {done_before} done; stopped in"
+            f"SIGTERM with {in_flight} running and {queued} queued; {done_before} done once stopped, in"
             f" {stop_seconds:.1f} s; starting again",
             flush=True,
         )
@@ -152,7 +156,7 @@ def main() -> int:
         share = refetched / max(1, len(accepted))
         print(
             f"accepted {len(accepted)}; succeeded {succeeded}; lost {lost}; running at SIGTERM"
-            f" {in_flight}; fetches {fetches} ({fetches / max(1, len(accepted)):.3f} per audit);"
+            f" {in_flight} (queued {queued}); fetches {fetches} ({fetches / max(1, len(accepted)):.3f} per audit);"
             f" refetched {refetched} ({share:.1%}, goal <= {REFETCH_GOAL:.0%}); stack stopped in"
             f" {stop_seconds:.1f} s"
         )
