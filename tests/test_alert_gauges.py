@@ -55,8 +55,10 @@ def test_an_entry_whose_lease_lapsed_counts_as_overdue(redis_client):
     ages = delayed.oldest_overdue_seconds(["audits"], redis_client)
     assert ages == {"audits": 0.0}  # the lease is live: a waker is publishing it
     wait_for(
-        lambda: delayed.oldest_overdue_seconds(["audits"], redis_client)["audits"]
-        >= delayed.LEASE_SECONDS,
+        lambda: (
+            delayed.oldest_overdue_seconds(["audits"], redis_client)["audits"]
+            >= delayed.LEASE_SECONDS
+        ),
         timeout=5,
         message="the lapsed lease counted from its due time",
     )
@@ -79,9 +81,7 @@ def test_a_nights_placements_due_by_its_plan_and_fired(redis_client):
     ).fan_out
     sizes = night.slice_sizes
     # Twenty minutes into the night: its first two slices' windows have ended.
-    FanOut.objects.filter(id=night.id).update(
-        window_start=timezone.now() - timedelta(seconds=1250)
-    )
+    FanOut.objects.filter(id=night.id).update(window_start=timezone.now() - timedelta(seconds=1250))
     services.fire_placement(pages[0].id, DAY)
 
     samples = scrape()
