@@ -73,7 +73,7 @@ def test_the_admission_limit_is_exposed_beside_the_backlog(redis_client, setting
 
 
 @pytest.mark.django_db
-def test_a_nights_placements_due_by_its_plan_and_fired(redis_client):
+def test_a_nights_placements_due_by_its_plan_and_fired(redis_client, django_assert_max_num_queries):
     assert "reaudit_placements" not in gauges.read_all()  # no night yet: nothing to report
     pages = make_pages({"a.test": 3, "b.test": 2, "c.test": 2})
     night = services.fan_out(
@@ -84,6 +84,8 @@ def test_a_nights_placements_due_by_its_plan_and_fired(redis_client):
     FanOut.objects.filter(id=night.id).update(window_start=timezone.now() - timedelta(seconds=1250))
     services.fire_placement(pages[0].id, DAY)
 
+    with django_assert_max_num_queries(2):  # read at every scrape: the night and one count
+        services.night_progress()
     samples = scrape()
     assert samples[("plumb_reaudit_placements", ())] == 7
     assert samples[("plumb_reaudit_placements_due", ())] == sizes[0] + sizes[1]
