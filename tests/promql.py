@@ -22,17 +22,38 @@ def selected_names(query: str) -> Iterator[str]:
     yield from _walk(promql_parser.parse(query))
 
 
+def label_matchers(query: str) -> Iterator[tuple[str, str, str]]:
+    """(label, operator, value) of every label matcher in `query`: ("task", "=~", "audits.+")."""
+    for selector in _selectors(promql_parser.parse(query)):
+        for matcher in selector.matchers.matchers:
+            yield matcher.name, _OPERATORS[str(matcher.op)], matcher.value
+
+
+# MatchOp values are not hashable: keyed by their names.
+_OPERATORS = {
+    str(promql_parser.MatchOp.Equal): "=",
+    str(promql_parser.MatchOp.NotEqual): "!=",
+    str(promql_parser.MatchOp.Re): "=~",
+    str(promql_parser.MatchOp.NotRe): "!~",
+}
+
+
 def _walk(node) -> Iterator[str]:
+    for selector in _selectors(node):
+        if selector.name:
+            yield selector.name
+
+
+def _selectors(node) -> Iterator[promql_parser.VectorSelector]:
     if isinstance(node, promql_parser.VectorSelector):
-        if node.name:
-            yield node.name
+        yield node
         return
     for attribute in ("lhs", "rhs", "expr", "vector_selector", "param"):
         child = getattr(node, attribute, None)
         if child is not None and not isinstance(child, str | int | float):
-            yield from _walk(child)
+            yield from _selectors(child)
     for argument in getattr(node, "args", None) or []:
-        yield from _walk(argument)
+        yield from _selectors(argument)
 
 
 def github_anchor(heading: str) -> str:

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 
-from tests.promql import PLUMB_SERIES, github_anchor, selected_names
+from config.celery_app import app as celery_app
+from observability import metrics
+from tests.promql import PLUMB_SERIES, github_anchor, label_matchers, selected_names
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -86,6 +89,26 @@ def test_the_rules_read_only_series_plumb_exports():
     for rule in rules():
         for name in selected_names(rule["expr"]):
             assert name in PLUMB_SERIES | recorded | {"up"}, (rule.get("alert"), name)
+
+
+def test_the_rules_match_label_values_plumb_records():
+    # A misspelt task or reason would select nothing, and the alert would never fire.
+    celery_app.loader.import_default_modules()
+    known = {
+        "task": set(celery_app.tasks),
+        "reason": set(metrics.RETRY_REASONS),
+        "state": set(metrics.BREAKER_STATES),
+        "to_state": set(metrics.BREAKER_STATES),
+        "key_class": set(metrics.KEY_CLASSES),
+        "queue": set(settings.QUEUE_VISIBILITY_TIMEOUTS),
+        "job": {"plumb"},
+    }
+    for rule in rules():
+        for label, operator, value in label_matchers(rule["expr"]):
+            if operator == "=":
+                assert value in known[label], (rule.get("alert"), label, value)
+            else:
+                assert any(re.fullmatch(value, v) for v in known[label]), (rule.get("alert"), value)
 
 
 def test_every_alert_links_to_its_own_runbook_section():
