@@ -58,6 +58,10 @@ def test_promtool_accepts_the_rules(promtool):
     run(promtool, "check", "rules", str(RULES))
 
 
+def test_promtool_accepts_the_compose_prometheus_config_and_the_rules_it_loads(promtool):
+    run(promtool, "check", "config", str(PROMETHEUS / "prometheus.yml"))
+
+
 @pytest.mark.parametrize("scenarios", RULE_TESTS, ids=lambda path: path.name)
 def test_each_alert_fires_in_its_scenarios_and_stays_quiet_in_the_others(promtool, scenarios):
     # One file per time scale: 90 days hourly, days a minute apart, hours 15 s apart.
