@@ -6,11 +6,15 @@ class AuditsConfig(AppConfig):
     verbose_name = "Audits"
 
     def ready(self):
-        # Django's place for wiring that needs the models loaded: the queue's gauges and
-        # the pages that changed.
+        # Django's place for wiring that needs the models loaded: the queue's gauges, its
+        # admission limit (so an alert can compare the backlog with it) and the pages that
+        # changed.
+        from django.conf import settings
+
         from audits.admission import queue_gauges
         from audits.pages import change_counts
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
         gauges.register("page_changes", change_counts)
+        gauges.register("admission_limit", lambda: {"max_depth": settings.AUDIT_QUEUE_MAX_DEPTH})

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class JobsConfig(AppConfig):
@@ -7,11 +8,21 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         # Django's place for wiring that needs the models loaded: the publish stamp and
-        # task log lines (Celery signals), and the breakers' gauge.
-        from jobs import breakers, instrumentation  # noqa: F401
+        # task log lines (Celery signals), the breakers' gauge and the delayed stores'.
+        from config.redis import redis_client
+        from jobs import breakers, delayed, instrumentation  # noqa: F401
         from observability import gauges
 
         gauges.register(
             "breakers",
             lambda: {f"breakers:{state}": n for state, n in breakers.state_counts().items()},
+        )
+        gauges.register(
+            "delayed_overdue",
+            lambda: {
+                f"delayed_overdue:{queue}": age
+                for queue, age in delayed.oldest_overdue_seconds(
+                    sorted(settings.QUEUE_VISIBILITY_TIMEOUTS), redis_client()
+                ).items()
+            },
         )

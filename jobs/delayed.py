@@ -166,6 +166,30 @@ def entries(queue: str, client: redis.Redis | None = None) -> list[tuple[Entry, 
     return [(Entry.loads(member), score) for member, score in rows]
 
 
+def oldest_overdue_seconds(queues: list[str], client: redis.Redis) -> dict[str, float]:
+    """How long the oldest entry of each queue has been due and not published (0 if none).
+
+    Read only, for the gauge (jobs.apps): a live waker publishes an entry within a poll
+    interval of its due time, so an age that grows means nothing wakes that queue. An
+    entry whose lease expired counts from the latest it can have been due (its deadline
+    less the lease), since the waker that leased it died or hung before publishing.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for queue in queues:
+        pipe.zrange(delayed_key(queue), 0, 0, withscores=True)
+        pipe.zrange(leased_key(queue), 0, 0, withscores=True)
+    (seconds, micros), *firsts = pipe.execute()
+    now = seconds + micros / 1_000_000
+    ages = {}
+    for index, queue in enumerate(queues):
+        stored, leased = firsts[2 * index], firsts[2 * index + 1]
+        due_since = [score for _, score in stored if score <= now]
+        due_since += [score - LEASE_SECONDS for _, score in leased if score <= now]
+        ages[queue] = max(0.0, now - min(due_since)) if due_since else 0.0
+    return ages
+
+
 def lease_due(
     queue: str,
     *,

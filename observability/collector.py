@@ -22,15 +22,21 @@ from observability.metrics import (
     BREAKER_STATES,
     BREAKERS,
     COUNTERS,
+    DELAYED_OVERDUE,
     HISTOGRAMS,
     KNOWN_LABEL_VALUES,
     PAGES_CHANGED,
     PAGES_WORSE,
     QUEUE_BACKLOG,
+    QUEUE_MAX_DEPTH,
     QUEUE_RETRYING,
     QUEUE_RUNNING,
     QUEUE_SCHEDULED,
     QUEUE_WAITING,
+    REAUDIT_FANOUT_TIMESTAMP,
+    REAUDIT_PLACEMENTS,
+    REAUDIT_PLACEMENTS_DUE,
+    REAUDIT_PLACEMENTS_FIRED,
     bucket_label,
     counter_key,
     histogram_key,
@@ -94,6 +100,11 @@ PLAIN_GAUGES = (
     (QUEUE_SCHEDULED, "scheduled"),
     (PAGES_CHANGED, "pages_changed"),
     (PAGES_WORSE, "pages_worse"),
+    (QUEUE_MAX_DEPTH, "max_depth"),
+    (REAUDIT_FANOUT_TIMESTAMP, "reaudit_fanout_timestamp"),
+    (REAUDIT_PLACEMENTS, "reaudit_placements"),
+    (REAUDIT_PLACEMENTS_DUE, "reaudit_placements_due"),
+    (REAUDIT_PLACEMENTS_FIRED, "reaudit_placements_fired"),
 )
 
 
@@ -106,6 +117,14 @@ def _gauges() -> Iterator[Metric]:
         family = GaugeMetricFamily(BREAKERS.name, BREAKERS.help, labels=BREAKERS.labels)
         for state in BREAKER_STATES:
             family.add_metric([state], values.get(f"breakers:{state}", 0))
+        yield family
+    overdue = {f.split(":", 1)[1]: v for f, v in values.items() if f.startswith("delayed_overdue:")}
+    if overdue:
+        family = GaugeMetricFamily(
+            DELAYED_OVERDUE.name, DELAYED_OVERDUE.help, labels=DELAYED_OVERDUE.labels
+        )
+        for queue, age in sorted(overdue.items()):
+            family.add_metric([queue], age)
         yield family
 
 

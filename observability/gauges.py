@@ -2,12 +2,15 @@
 
 Observability reads the product only through this registry, so it imports no
 product app: `audits` registers its queue's backlog and the pages that changed,
-`reaudit` the scheduled re-audits, `jobs` its breakers, each from its AppConfig.ready(). A reading is a
+`reaudit` the scheduled re-audits and the night's progress, `jobs` its breakers and
+the delayed stores' overdue entries, each from its AppConfig.ready(). A reading is a
 mapping of sample field names to numbers; /metrics exposes them and the minute
 sampler keeps them for the dashboard.
 
 Fields the readers know: backlog, waiting, retrying, running, scheduled,
-breakers:<state>, pages_changed, pages_worse.
+breakers:<state>, pages_changed, pages_worse, max_depth, delayed_overdue:<queue>,
+reaudit_fanout_timestamp, reaudit_placements, reaudit_placements_due,
+reaudit_placements_fired.
 """
 
 from __future__ import annotations

@@ -160,6 +160,36 @@ PAGES_WORSE = Metric(
     "Pages that got worse in the last 24 hours: a 2xx became an error, noindex appeared, "
     "a security header disappeared, or a link broke.",
 )
+QUEUE_MAX_DEPTH = Metric(
+    "plumb_queue_max_depth",
+    "gauge",
+    "AUDIT_QUEUE_MAX_DEPTH: the backlog at which submissions are refused.",
+)
+DELAYED_OVERDUE = Metric(
+    "plumb_delayed_overdue_seconds",
+    "gauge",
+    "Age of the oldest delayed-store entry that is due and not yet published, by queue "
+    "(0 when none): it grows when nothing wakes the queue's store.",
+    ("queue",),
+)
+REAUDIT_FANOUT_TIMESTAMP = Metric(
+    "plumb_reaudit_fanout_timestamp_seconds",
+    "gauge",
+    "When the latest nightly re-audit fan-out ran (Unix time).",
+)
+REAUDIT_PLACEMENTS = Metric(
+    "plumb_reaudit_placements", "gauge", "Pages placed in the latest re-audit night."
+)
+REAUDIT_PLACEMENTS_DUE = Metric(
+    "plumb_reaudit_placements_due",
+    "gauge",
+    "Placements of the latest night whose slice's planned window has ended.",
+)
+REAUDIT_PLACEMENTS_FIRED = Metric(
+    "plumb_reaudit_placements_fired",
+    "gauge",
+    "Placements of the latest night that have fired (created their audit).",
+)
 # --- Histograms -----------------------------------------------------------------
 AUDIT_DURATION = Metric(
     "plumb_audit_duration_seconds",
@@ -202,6 +232,12 @@ GAUGES = (
     QUEUE_RUNNING,
     QUEUE_SCHEDULED,
     BREAKERS,
+    QUEUE_MAX_DEPTH,
+    DELAYED_OVERDUE,
+    REAUDIT_FANOUT_TIMESTAMP,
+    REAUDIT_PLACEMENTS,
+    REAUDIT_PLACEMENTS_DUE,
+    REAUDIT_PLACEMENTS_FIRED,
 )
 HISTOGRAMS = (AUDIT_DURATION, DOWNSTREAM_LATENCY, QUEUE_WAIT)
 

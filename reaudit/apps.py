@@ -6,8 +6,10 @@ class ReauditConfig(AppConfig):
     verbose_name = "Nightly re-audit"
 
     def ready(self):
-        # Django's place for wiring that needs the models loaded: the scheduled gauge.
+        # Django's place for wiring that needs the models loaded: the scheduled gauge and
+        # the current night against its plan.
         from observability import gauges
-        from reaudit.services import count_scheduled
+        from reaudit.services import count_scheduled, night_progress
 
         gauges.register("scheduled", lambda: {"scheduled": count_scheduled()})
+        gauges.register("reaudit_night", night_progress)

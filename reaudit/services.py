@@ -393,6 +393,31 @@ def count_scheduled() -> int:
     return Placement.objects.filter(fan_out_id=night_id, fired_at__isnull=True).count()
 
 
+def night_progress(now: datetime | None = None) -> dict[str, float]:
+    """The current night against its plan, for the gauges (reaudit.apps).
+
+    `reaudit_placements_due` counts the placements of the slices whose planned window has
+    ended (from the night's frozen slice sizes, no scan of the placements), and
+    `reaudit_placements_fired` those that fired: in a night on schedule fired >= due. The
+    fan-out's time says whether a night started at all. Nothing is reported before the
+    first fan-out.
+    """
+    night = FanOut.objects.order_by("-day").first()
+    if night is None:
+        return {}
+    now = now or timezone.now()
+    elapsed = (now - night.window_start).total_seconds()
+    slices_ended = max(0, min(len(night.slice_sizes), int(elapsed // night.slice_seconds)))
+    return {
+        "reaudit_fanout_timestamp": night.created_at.timestamp(),
+        "reaudit_placements": night.pages,
+        "reaudit_placements_due": sum(night.slice_sizes[:slices_ended]),
+        # count_scheduled()'s count, through the same index, for the night already read.
+        "reaudit_placements_fired": night.pages
+        - Placement.objects.filter(fan_out=night, fired_at__isnull=True).count(),
+    }
+
+
 def prune_placements(*, before: date) -> int:
     """Delete the placement rows of nights before `before` (their FanOut rows stay)."""
     deleted, _ = Placement.objects.filter(fan_out__day__lt=before).delete()

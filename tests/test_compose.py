@@ -26,7 +26,12 @@ EXPECTED_SERVICES = {
     "worker-webhooks",
     "beat",
     "flower",
+    "prometheus",
+    "grafana",
 }
+# Services that run someone else's image, not Plumb's.
+NOT_PLUMB = {"redis", "postgres", "prometheus", "grafana"}
+MONITORING = {"prometheus", "grafana"}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,7 @@ def test_it_has_every_service_with_a_healthcheck(compose):
 
 
 def test_plumb_services_share_one_image_and_settings(compose):
-    plumb = [s for n, s in compose["services"].items() if n not in {"redis", "postgres"}]
+    plumb = [s for n, s in compose["services"].items() if n not in NOT_PLUMB]
     assert {s["image"] for s in plumb} == {"plumb:latest"}
     for service in plumb:
         env = service["environment"]
@@ -58,7 +63,7 @@ def test_plumb_services_share_one_image_and_settings(compose):
 
 def test_every_command_names_a_real_module(compose):
     for name, service in compose["services"].items():
-        if name in {"redis", "postgres"}:
+        if name in NOT_PLUMB:
             continue
         line = command_line(service)
         for app in re.findall(r"-A\s+(\S+)", line):
@@ -105,3 +110,44 @@ def test_a_worker_s_stop_grace_outlasts_its_queue_s_longest_task(compose):
         grace = compose["services"][name]["stop_grace_period"]
         assert grace.endswith("s")
         assert int(grace.removesuffix("s")) > max(limits), name
+
+
+def test_prometheus_and_grafana_run_only_under_the_monitoring_profile(compose):
+    for name, service in compose["services"].items():
+        assert (service.get("profiles") == ["monitoring"]) == (name in MONITORING), name
+
+
+def test_the_monitoring_services_mount_the_files_in_deploy(compose):
+    # Each bind mount names a path of the checkout that exists, and the files each program
+    # reads are where its command and provisioning look for them.
+    mounts = {}
+    for name in MONITORING:
+        for volume in compose["services"][name]["volumes"]:
+            source, target = volume.split(":")[:2]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), (name, source)
+                mounts[target] = ROOT / source
+    prometheus = mounts["/etc/prometheus"]
+    assert (
+        "--config.file=/etc/prometheus/prometheus.yml"
+        in compose["services"]["prometheus"]["command"]
+    )
+    config = yaml.safe_load((prometheus / "prometheus.yml").read_text())
+    for rule_file in config["rule_files"]:
+        assert (prometheus / rule_file).is_file(), rule_file
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "plumb"  # the rules' up{job="plumb"}
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"] == [{"targets": ["web:8000"]}]
+
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "plumb.yml").read_text())[
+        "providers"
+    ]
+    dashboards = mounts[provider["options"]["path"]]
+    assert (dashboards / "plumb.json").is_file()
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
