@@ -27,8 +27,10 @@ class Page(models.Model):
 
     url = models.CharField(max_length=2048, unique=True)
     domain = models.CharField(max_length=255, db_index=True)
+    # Off unless a staff user or an API token chose it (a trusted submission, PATCH, the
+    # admin): an anonymous submission must not grow every night's work (DECISIONS.md).
     reaudit_nightly = models.BooleanField(
-        default=True, help_text="Audited again every night by the re-audit fan-out."
+        default=False, help_text="Audited again every night by the re-audit fan-out."
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_changed_at = models.DateTimeField(

@@ -36,11 +36,21 @@ class Outcome(enum.Enum):
 # --- The payload ------------------------------------------------------------------
 
 
+class AuditPayloadSerializer(AuditSerializer):
+    """The audit as its events carry it: as the API shows it, less the submission's
+    callback URL. `audit.changed` goes to the page's owner, who may not be the
+    submitter, and a callback URL can hold credentials (user, password, a token)."""
+
+    class Meta(AuditSerializer.Meta):
+        fields = [name for name in AuditSerializer.Meta.fields if name != "callback_url"]
+        read_only_fields = fields
+
+
 def payload_for(audit: Audit, event: str = Delivery.Event.FINISHED) -> dict:
     return {
         "type": event,
         "timestamp": (audit.finished_at or timezone.now()).isoformat(),
-        "data": AuditSerializer(audit).data,
+        "data": AuditPayloadSerializer(audit).data,
     }
 
 
