@@ -49,9 +49,7 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
     assert Page.objects.get().reaudit_nightly is False
 
 
-def test_only_a_trusted_caller_enrols_a_new_page_in_the_nightly_reaudit(
-    api, staff_api, settings
-):
+def test_only_a_trusted_caller_enrols_a_new_page_in_the_nightly_reaudit(api, staff_api, settings):
     settings.REAUDIT_NEW_PAGES = True
     # Without API_TOKENS anyone submits; with them a submission needs a token.
     settings.API_TOKENS = []
