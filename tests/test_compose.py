@@ -65,7 +65,7 @@ def test_every_command_names_a_real_module(compose):
             assert hasattr(importlib.import_module(module), attribute), name
         for command in re.findall(r"manage\.py\s+(\w+)", line):
             assert command in get_commands(), f"{name}: no management command {command}"
-        assert re.search(r"-A\s+config|gunicorn\s+config\.wsgi", line), f"{name}: {line}"
+        assert re.search(r"-A\s+config|gunicorn\s+config\.asgi", line), f"{name}: {line}"
 
 
 def test_each_worker_consumes_exactly_one_queue(compose, settings):
