@@ -12,7 +12,6 @@ import pytest
 
 from tests.workers import ROOT
 
-
 STRONG_KEY = secrets.token_urlsafe(50)
 # What a deployment behind TLS sets (docs/configuration.md); .ci/run checks the same.
 PRODUCTION = {
