@@ -132,6 +132,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Owner-only: it holds sessions and callback URLs. SQLite gives its -wal and -shm
+    # files the database file's mode.
+    _sqlite_name = DATABASES["default"]["NAME"]
+    if _sqlite_name and _sqlite_name != ":memory:":
+        os.close(os.open(_sqlite_name, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(_sqlite_name, 0o600)
     DATABASES["default"]["OPTIONS"] = {
         # Web, workers and beat are separate processes sharing one file:
         # WAL lets readers run beside the writer, IMMEDIATE takes the write

@@ -64,3 +64,17 @@ def test_a_malformed_setting_names_the_variable():
     result = run_check(DEBUG="true", AUDIT_MAX_ATTEMPTS="lots")
     assert result.returncode != 0
     assert "AUDIT_MAX_ATTEMPTS must be an integer" in result.stderr
+
+
+def test_the_sqlite_database_file_is_private(tmp_path):
+    database = tmp_path / "plumb.sqlite3"
+    database.touch(mode=0o644)
+    database.chmod(0o644)  # as an older checkout left it: world-readable
+    result = run_check(
+        DEBUG="true", PLUMB_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{database}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert database.stat().st_mode & 0o777 == 0o600
+    fresh = tmp_path / "fresh.sqlite3"
+    run_check(DEBUG="true", PLUMB_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{fresh}")
+    assert fresh.stat().st_mode & 0o777 == 0o600
