@@ -8,6 +8,7 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 
 from audits.changes import compare, got_worse
+from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Page(models.Model):
     # Where `audit.changed` is POSTed when any audit of this page finds a change (webhooks
     # app), signed with the secret. Write-only like Audit.callback_secret.
     callback_url = models.CharField(max_length=2048, blank=True)
-    callback_secret = models.CharField(max_length=128, blank=True)
+    callback_secret = EncryptedSecretField(blank=True)
     removed_at = models.DateTimeField(
         null=True, blank=True, help_text="Removed through the API: not listed, not re-audited."
     )
@@ -188,7 +189,7 @@ class Audit(models.Model):
     # Where the finished audit is POSTed (webhooks app), signed with the secret.
     # The secret is write-only: never in API responses, admin pages or logs.
     callback_url = models.CharField(max_length=2048, blank=True)
-    callback_secret = models.CharField(max_length=128, blank=True)
+    callback_secret = EncryptedSecretField(blank=True)
 
     objects = AuditQuerySet.as_manager()
 
