@@ -87,7 +87,8 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
         "beat": f"{celery} beat --loglevel INFO",
         # Flower turns task events on in every worker unless told not to (TASK_EVENTS).
         "flower": (
-            f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}"
+            f"{celery} flower --conf={settings.BASE_DIR / 'flowerconfig.py'}"
+            f" --address=127.0.0.1 --port={settings.FLOWER_PORT}"
             f" --enable_events={settings.TASK_EVENTS}"
         ),
     }
