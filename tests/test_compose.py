@@ -14,6 +14,8 @@ import pytest
 import yaml
 from django.core.management import get_commands
 
+from devstack.management.commands.runstack import web_command
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_SERVICES = {
     "redis",
@@ -87,3 +89,18 @@ def test_the_workers_pools_are_make_run_s_from_the_same_variables(compose, setti
         for option, setting in (("--pool", pool), ("--concurrency", concurrency)):
             value = args[args.index(option) + 1]
             assert value == f"${{{setting}:-{getattr(settings, setting)}}}", (name, value)
+
+
+def test_the_web_runs_make_run_s_server_that_survives_slow_clients(compose):
+    """Both serve config.asgi on gunicorn's ASGI workers (tests/security/test_slow_clients.py
+    measures make run's command line; compose must not fall back to sync workers)."""
+
+    def server(line: str) -> tuple[str, str]:
+        args = shlex.split(line)
+        app = next(arg for arg in args if arg.startswith("config."))
+        return app, args[args.index("--worker-class") + 1]
+
+    expected = server(web_command("127.0.0.1", 8000, workers=2))
+    assert expected == ("config.asgi:application", "asgi")
+    assert server(command_line(compose["services"]["web"])) == expected
+    assert "--conf=/app/flowerconfig.py" in command_line(compose["services"]["flower"])
