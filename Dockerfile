@@ -13,4 +13,4 @@ COPY . .
 RUN rm -rf build plumb.egg-info
 USER plumb
 EXPOSE 8000 5555
-CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "config.asgi:application", "--worker-class", "asgi", "--bind", "0.0.0.0:8000"]

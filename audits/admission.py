@@ -145,6 +145,12 @@ def client_ip(meta: Mapping[str, str], *, trusted_proxy_count: int) -> str:
     return remote
 
 
+def client_address(request) -> str:
+    """The request's client address (client_ip with TRUSTED_PROXY_COUNT): the admission
+    buckets' key, and the address django-axes counts login failures against."""
+    return client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
+
+
 def submit_bucket_key(ip: str) -> str:
     """The bucket a client address submits from.
 

@@ -8,6 +8,7 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 
 from audits.changes import compare, got_worse
+from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,10 @@ class Page(models.Model):
 
     url = models.CharField(max_length=2048, unique=True)
     domain = models.CharField(max_length=255, db_index=True)
+    # Off unless a staff user or an API token chose it (a trusted submission, PATCH, the
+    # admin): an anonymous submission must not grow every night's work (DECISIONS.md).
     reaudit_nightly = models.BooleanField(
-        default=True, help_text="Audited again every night by the re-audit fan-out."
+        default=False, help_text="Audited again every night by the re-audit fan-out."
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_changed_at = models.DateTimeField(
@@ -42,7 +45,7 @@ class Page(models.Model):
     # Where `audit.changed` is POSTed when any audit of this page finds a change (webhooks
     # app), signed with the secret. Write-only like Audit.callback_secret.
     callback_url = models.CharField(max_length=2048, blank=True)
-    callback_secret = models.CharField(max_length=128, blank=True)
+    callback_secret = EncryptedSecretField(blank=True)
     removed_at = models.DateTimeField(
         null=True, blank=True, help_text="Removed through the API: not listed, not re-audited."
     )
@@ -186,7 +189,7 @@ class Audit(models.Model):
     # Where the finished audit is POSTed (webhooks app), signed with the secret.
     # The secret is write-only: never in API responses, admin pages or logs.
     callback_url = models.CharField(max_length=2048, blank=True)
-    callback_secret = models.CharField(max_length=128, blank=True)
+    callback_secret = EncryptedSecretField(blank=True)
 
     objects = AuditQuerySet.as_manager()
 

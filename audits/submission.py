@@ -17,16 +17,14 @@ from audits.tasks import enqueue_audit
 from outbound.urls import NormalizedURL
 
 
-def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = None) -> Page:
+def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False) -> Page:
     """The page of `target`, created if new: a lookup, and for a new page one upsert.
 
     The upsert (not get_or_create's savepoint, insert and release) keeps a submission
     to two statements here; two submissions racing to create one page both get its row.
     A page removed through the API comes back (with its history) as a new page would:
-    listed, re-audited as REAUDIT_NEW_PAGES says.
+    listed, re-audited as `reaudit_nightly` says. An existing page keeps its choice.
     """
-    if reaudit_nightly is None:
-        reaudit_nightly = settings.REAUDIT_NEW_PAGES
     page = Page.objects.filter(url=target.url).first()
     if page is None:
         # On a conflict (another submission created it meanwhile) the row stays as
@@ -45,14 +43,21 @@ def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool | None = 
 
 
 def submit_audit(
-    target: NormalizedURL, *, callback_url: str = "", callback_secret: str = ""
+    target: NormalizedURL,
+    *,
+    callback_url: str = "",
+    callback_secret: str = "",
+    trusted: bool = False,
 ) -> Audit:
     """Create the page (if new) and a queued audit, and enqueue it once committed.
 
-    With a callback URL the finished audit is POSTed there (webhooks app).
+    With a callback URL the finished audit is POSTed there (webhooks app). A new page
+    joins the nightly re-audit only when a `trusted` caller (a staff user, an API token)
+    submitted it and REAUDIT_NEW_PAGES is on: anyone may submit, and an anonymous
+    submission's cost ends with its audit.
     """
     with transaction.atomic():
-        page = get_or_create_page(target)
+        page = get_or_create_page(target, reaudit_nightly=trusted and settings.REAUDIT_NEW_PAGES)
         audit, _ = create_and_enqueue_audit(
             page,
             trigger=Audit.Trigger.SUBMITTED,

@@ -45,9 +45,8 @@ class AuditTask(PlumbTask):
     policy = AUDIT_POLICY
 
     def downstream_host(self, args, kwargs):
+        # Its type is checked already (PlumbTask: `audit_id: str`).
         audit_id = args[0] if args else kwargs.get("audit_id")
-        if not isinstance(audit_id, str):
-            raise MalformedTaskMessage(f"audit id {audit_id!r} is not a string")
         try:
             uuid.UUID(audit_id)
         except ValueError:
@@ -70,7 +69,7 @@ class AuditTask(PlumbTask):
             log.warning("audit.wait_not_recorded", extra={"audit_id": args[0]})
 
     def after_final_failure(self, exc, *, args, kwargs):
-        if args and not isinstance(exc, MalformedTaskMessage):
+        if args:
             attempts = self.request.retries + 1
             Audit.objects.finish(
                 str(args[0]),

@@ -205,7 +205,7 @@ per_domain = pages // domains
 batch = []
 for n in range(pages):
     domain = n % domains
-    batch.append(Page(url=f"{{site}}/d{{domain}}/p{{n // domains}}", domain=f"d{{domain}}.sim"))
+    batch.append(Page(url=f"{{site}}/d{{domain}}/p{{n // domains}}", domain=f"d{{domain}}.sim", reaudit_nightly=True))
     if len(batch) == 10000:
         Page.objects.bulk_create(batch); batch = []
 Page.objects.bulk_create(batch)

@@ -95,7 +95,7 @@ def insert_pages(count: int) -> float:
     batch = []
     for n in range(count):
         domain = f"site{n % domains}.example"
-        batch.append(Page(url=f"https://{domain}/page/{n}", domain=domain))
+        batch.append(Page(url=f"https://{domain}/page/{n}", domain=domain, reaudit_nightly=True))
         if len(batch) == 5000:
             Page.objects.bulk_create(batch)
             batch = []

@@ -197,9 +197,9 @@ class ReferenceView:
             cwd=ROOT, check=True,
         )  # fmt: skip
         port = devservices.free_port()
-        factory = f"bench.reference.minimal_submit:application({self.database!r}, {redis_url!r}, {queue!r})"
+        factory = f"bench.reference.minimal_submit:asgi_application({self.database!r}, {redis_url!r}, {queue!r})"
         command = shlex.split(re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", web_command))
-        command[command.index("config.wsgi:application")] = factory
+        command[command.index("config.asgi:application")] = factory
         self.web = SessionProcess(f"reference-web-{queue}", command, dict(os.environ), logs).start()
         self.api = f"http://127.0.0.1:{port}"
         wait_for(

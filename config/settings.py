@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    "csp",
     # Plumb's apps, each depending only on those above it.
     "observability",
     "jobs",
@@ -134,6 +135,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Owner-only: it holds sessions and callback URLs. SQLite gives its -wal and -shm
+    # files the database file's mode.
+    _sqlite_name = DATABASES["default"]["NAME"]
+    if _sqlite_name and _sqlite_name != ":memory:":
+        os.close(os.open(_sqlite_name, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(_sqlite_name, 0o600)
     DATABASES["default"]["OPTIONS"] = {
         # Web, workers and beat are separate processes sharing one file:
         # WAL lets readers run beside the writer, IMMEDIATE takes the write
@@ -433,3 +440,71 @@ REAUDIT_WORKER_POOL = env_str("REAUDIT_WORKER_POOL", "threads")
 REAUDIT_WORKER_CONCURRENCY = env_int("REAUDIT_WORKER_CONCURRENCY", 8, minimum=1)
 # (The webhooks worker's concurrency is WEBHOOK_MAX_CONCURRENCY.)
 DEMO_SITE_PORT = env_int("DEMO_SITE_PORT", 8099, minimum=1)
+
+# --- Web hardening (issue 26): headers, cookies, proxies, logins, the key -------
+# A production key must be long and random: Django's own bar (check W009), refused at
+# start-up instead of warned about. DEBUG keeps the generated development key.
+if not DEBUG and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is too weak for DEBUG off: use at least 50 characters with at least "
+        "5 distinct ones (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(50))'`)."
+    )
+# Cookies go over HTTPS only, unless DEBUG. `make run` serves plain http on 127.0.0.1
+# and turns this off for its own processes (runstack; docs/configuration.md).
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
+# HSTS only once the site is served over HTTPS for good: a browser remembers it.
+SECURE_HSTS_SECONDS = env_int("HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("HSTS_PRELOAD", False)
+# Redirect http to https; /healthz and /metrics stay reachable over http for probes.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+# The header a TLS-terminating proxy sets (e.g. X-Forwarded-Proto); empty: no proxy,
+# and a client cannot claim https by sending the header itself.
+PROXY_SSL_HEADER = env_str("PROXY_SSL_HEADER", "")
+if PROXY_SSL_HEADER:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + PROXY_SSL_HEADER.upper().replace("-", "_"), "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# django-csp: no inline or foreign script anywhere (the admin and the dashboard have
+# none). Inline styles stay allowed: the admin and the dashboard use style attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+INSTALLED_APPS.append("axes")
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "csp.middleware.CSPMiddleware")  # fmt: skip
+# django-axes: after LOGIN_FAILURE_LIMIT failures a (username, address) pair is locked
+# out for LOGIN_LOCKOUT_MINUTES; the admin and Flower's login (devstack) go through it.
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# The address axes counts is the one the admission buckets use (TRUSTED_PROXY_COUNT).
+AXES_CLIENT_IP_CALLABLE = "audits.admission.client_address"
+# Django's ASGI handler spools a whole body to disk before anything checks its size;
+# config.asgi refuses one over this first (Django's own limit, DATA_UPLOAD_MAX_MEMORY_SIZE,
+# still answers the API's JSON 413 below it).
+ASGI_MAX_BODY_BYTES = env_int("ASGI_MAX_BODY_BYTES", max(1024 * 1024, 4 * API_MAX_BODY_BYTES),
+                              minimum=API_MAX_BODY_BYTES)  # fmt: skip
+# Callback secrets are encrypted at rest (audits.secrets): comma-separated Fernet keys,
+# the first encrypts, every one decrypts (rotation: put the new key first, run
+# `manage.py rotate_callback_secrets`, then drop the old). Empty: one key derived from
+# SECRET_KEY.
+CALLBACK_SECRET_KEYS = env_list("CALLBACK_SECRET_KEYS", [])

@@ -26,9 +26,12 @@ Subclasses name their downstream with `downstream_host` and may override the hoo
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
+import types
+import typing
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
@@ -55,6 +58,27 @@ log = logging.getLogger(__name__)
 # What each kind of wait is counted as (plumb_task_retries_total{reason}), and logged as.
 RETRY_REASONS = {RETRY: "error", DEFERRAL: "rate_limited", PARK: "breaker_parked"}
 LOG_EVENTS = {RETRY: "task.retry", DEFERRAL: "task.deferred", PARK: "task.parked"}
+
+
+# Annotations the argument check enforces; any other annotation is not checked.
+_CHECKED_TYPES = (int, float, str, bool, list, dict)
+
+
+def _fits(value, expected) -> bool:
+    if isinstance(expected, types.UnionType):  # `str | None`: any member fits
+        members = typing.get_args(expected)
+        return any(value is None if m is type(None) else _fits(value, m) for m in members)
+    if expected not in _CHECKED_TYPES:
+        return True
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _type_name(expected) -> str:
+    return getattr(expected, "__name__", None) or str(expected)
 
 
 class Waiting(Ignore):
@@ -200,10 +224,26 @@ class PlumbTask(Task):
             log.exception("breaker.record_failed", extra={"task": self.name, "host": breaker.host})
 
     def _check_arguments(self, args: tuple, kwargs: dict) -> None:
+        """Arguments that do not fit the task's signature, or not the types it annotates
+        (`link_check_id: int`, `audit_id: str`), are a malformed message: the same check
+        for every task, before anything looks a row up with them."""
+        signature = self._run_signature
         try:
-            inspect.signature(self.run).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise MalformedTaskMessage(f"arguments do not fit {self.name}: {exc}") from None
+        for name, value in bound.arguments.items():
+            expected = signature.parameters[name].annotation
+            if not _fits(value, expected):
+                raise MalformedTaskMessage(
+                    f"argument {name} of {self.name} must be {_type_name(expected)}, "
+                    f"got {value!r:.100}"
+                )
+
+    @functools.cached_property
+    def _run_signature(self) -> inspect.Signature:
+        """The run function's signature, its annotations evaluated (read once per task)."""
+        return inspect.signature(self.run, eval_str=True)
 
     # --- what a run raised -------------------------------------------------------
     def _after_rate_limit(self, exc: RateLimited):
@@ -322,7 +362,16 @@ class PlumbTask(Task):
             exhausted=self.policy.retries(exc),
             queue=self._queue(),
         )
-        self.after_final_failure(exc, args=args, kwargs=kwargs)
+        if isinstance(exc, MalformedTaskMessage):
+            # Its arguments name no row the hook could finish (or not one of this task's).
+            log.error("task.malformed_message", extra={"task": self.name, "error": str(exc)})
+            return
+        try:
+            self.after_final_failure(exc, args=args, kwargs=kwargs)
+        except Exception:
+            # Celery would fail the task again with the hook's error: a second dead letter
+            # for one message. The dead letter above is the record; the hook's failure is logged.
+            log.exception("task.final_failure_hook_failed", extra={"task": self.name})
 
     # --- hooks -------------------------------------------------------------------
     def before_wait(self, reason: str, seconds: float, *, why: str, args, kwargs) -> None:

@@ -7,21 +7,52 @@ import socket
 
 import httpcore
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address a gateway, a relay or the host's
+# own stack may connect to: NAT64 (RFC 6052, and the local-use /48 of RFC 8215), the
+# IPv4-compatible form (::a.b.c.d, deprecated but still parsed) and SIIT's
+# IPv4-translated form (::ffff:0:a.b.c.d). ::ffff:a.b.c.d, 6to4 and Teredo have their
+# own accessors in `ipaddress`.
+_EMBEDS_IPV4_IN_LAST_32_BITS = [
+    ipaddress.IPv6Network("64:ff9b::/96"),
+    ipaddress.IPv6Network("64:ff9b:1::/48"),
+    ipaddress.IPv6Network("::/96"),
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+]
+
 
 class TargetNotAllowed(Exception):
-    """The target resolves to an address Plumb must not connect to."""
+    """The target is, or resolves to, an address Plumb must not connect to.
 
-    def __init__(self, host: str, address: str):
-        super().__init__(f"{host} resolves to {address}, a private, loopback or link-local address")
+    The message names the host that was refused and never the address it resolved to:
+    it reaches the submitter (an audit's error, a delivery's), and an answer of the
+    internal DNS is not theirs to read (OWASP SSRF prevention: no resolution oracle).
+    """
+
+    def __init__(self, host: str):
+        super().__init__(f"{host} is not a public address: private, loopback and link-local "
+                         "destinations are refused")  # fmt: skip
         self.host = host
-        self.address = address
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries inside it (none for a plain one)."""
+    found = [ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+    for network in _EMBEDS_IPV4_IN_LAST_32_BITS:
+        if ip in network:
+            found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return [address for address in found if address is not None]
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return ip.is_global and not ip.is_multicast
 
 
 def is_public_address(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+    if ip.version == 6:
+        # An IPv6 form of a private IPv4 address is as private as the address itself.
+        return _is_public(ip) and all(_is_public(inner) for inner in embedded_ipv4(ip))
+    return _is_public(ip)
 
 
 class GuardedNetworkBackend(httpcore.SyncBackend):
@@ -42,5 +73,5 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         addresses = [info[4][0] for info in infos]
         for address in addresses:
             if not is_public_address(address):
-                raise TargetNotAllowed(host, address)
+                raise TargetNotAllowed(host)
         return super().connect_tcp(addresses[0], port, timeout, local_address, socket_options)

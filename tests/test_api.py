@@ -45,7 +45,31 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
     assert body["page"] == Page.objects.get().id
     assert body["changes"] is None and body["got_worse"] is False
     assert len(callbacks) == 1  # the enqueue waits for the commit
-    assert Page.objects.get().reaudit_nightly is True
+    # Anyone may submit: an anonymous submission's cost ends with its audit.
+    assert Page.objects.get().reaudit_nightly is False
+
+
+def test_only_a_trusted_caller_enrols_a_new_page_in_the_nightly_reaudit(api, staff_api, settings):
+    settings.REAUDIT_NEW_PAGES = True
+    # Without API_TOKENS anyone submits; with them a submission needs a token.
+    settings.API_TOKENS = []
+    assert post_json(api, {"url": "https://anonymous.example/"}).status_code == 202
+    assert post_json(staff_api, {"url": "https://staff.example/"}).status_code == 202
+    settings.API_TOKENS = ["t0ken"]
+    token = post_json(api, {"url": "https://token.example/"}, HTTP_AUTHORIZATION="Bearer t0ken")
+    assert token.status_code == 202
+    enrolled = dict(Page.objects.values_list("domain", "reaudit_nightly"))
+    assert enrolled == {"anonymous.example": False, "staff.example": True, "token.example": True}
+    # An anonymous submission of an enrolled page changes nothing.
+    settings.API_TOKENS = []
+    assert post_json(api, {"url": "https://staff.example/"}).status_code == 202
+    assert Page.objects.get(domain="staff.example").reaudit_nightly is True
+
+
+def test_reaudit_new_pages_off_enrols_no_page(staff_api, settings):
+    settings.REAUDIT_NEW_PAGES = False
+    assert post_json(staff_api, {"url": "https://staff.example/"}).status_code == 202
+    assert Page.objects.get().reaudit_nightly is False
 
 
 @pytest.mark.parametrize(

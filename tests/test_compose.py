@@ -16,6 +16,8 @@ from django.core.management import get_commands
 
 from config.celery_app import app as celery_app
 
+from devstack.management.commands.runstack import web_command
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_SERVICES = {
     "redis",
@@ -72,7 +74,7 @@ def test_every_command_names_a_real_module(compose):
             assert hasattr(importlib.import_module(module), attribute), name
         for command in re.findall(r"manage\.py\s+(\w+)", line):
             assert command in get_commands(), f"{name}: no management command {command}"
-        assert re.search(r"-A\s+config|gunicorn\s+config\.wsgi", line), f"{name}: {line}"
+        assert re.search(r"-A\s+config|gunicorn\s+config\.asgi", line), f"{name}: {line}"
 
 
 def test_each_worker_consumes_exactly_one_queue(compose, settings):
@@ -151,3 +153,18 @@ def test_the_monitoring_services_mount_the_files_in_deploy(compose):
     ]
     assert source["type"] == "prometheus"
     assert source["url"] == "http://prometheus:9090"
+
+
+def test_the_web_runs_make_run_s_server_that_survives_slow_clients(compose):
+    """Both serve config.asgi on gunicorn's ASGI workers (tests/security/test_slow_clients.py
+    measures make run's command line; compose must not fall back to sync workers)."""
+
+    def server(line: str) -> tuple[str, str]:
+        args = shlex.split(line)
+        app = next(arg for arg in args if arg.startswith("config."))
+        return app, args[args.index("--worker-class") + 1]
+
+    expected = server(web_command("127.0.0.1", 8000, workers=2))
+    assert expected == ("config.asgi:application", "asgi")
+    assert server(command_line(compose["services"]["web"])) == expected
+    assert "--conf=/app/flowerconfig.py" in command_line(compose["services"]["flower"])

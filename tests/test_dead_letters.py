@@ -75,7 +75,7 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
 ):
     worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1"})
     good_body = json.dumps([[str(uuid.uuid4())], {}, {}])
-    ids = {case: str(uuid.uuid4()) for case in range(9)}
+    ids = {case: str(uuid.uuid4()) for case in range(12)}
     # Undecodable, or not a task message at all: the worker cannot even start them.
     publish_raw('[["a"], {}, {', headers=task_headers("audits.run_audit", ids[0]),
                 content_type="application/json")  # fmt: skip
@@ -89,6 +89,10 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
     # Well-formed messages whose arguments cannot be an audit.
     for case, args in [(5, []), (6, [42]), (7, ["not-a-uuid"]), (8, [str(uuid.uuid4())])]:
         app.send_task("audits.run_audit", args=args, task_id=ids[case], queue="audits")
+    # Every task's arguments are checked against its annotations, the link check's too:
+    # 'not-a-row-id' was dead-lettered twice, as `failed`, by its failure hook.
+    for case, args in [(9, ["not-a-row-id"]), (10, [True]), (11, [1.5])]:
+        app.send_task("audits.check_link", args=args, task_id=ids[case], queue="audits")
 
     def all_dead_lettered():
         return DeadLetter.objects.filter(task_id__in=ids.values()).count() == len(ids)
@@ -104,9 +108,12 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
         3: (0, "not a task message"),
         4: (0, "body is not (args, kwargs, embed)"),
         5: (1, "arguments do not fit audits.run_audit"),
-        6: (1, "audit id 42 is not a string"),
+        6: (1, "argument audit_id of audits.run_audit must be str, got 42"),
         7: (1, "audit id 'not-a-uuid' is not a UUID"),
         8: (1, "no audit with id"),
+        9: (1, "argument link_check_id of audits.check_link must be int, got 'not-a-row-id'"),
+        10: (1, "must be int, got True"),
+        11: (1, "must be int, got 1.5"),
     }
     for case, (attempts, problem) in expected.items():
         dead = DeadLetter.objects.get(task_id=ids[case])

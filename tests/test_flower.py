@@ -28,15 +28,21 @@ def test_without_a_setting_credentials_are_generated_once_and_kept(tmp_path):
     assert (tmp_path / "flower-basic-auth").stat().st_mode & 0o777 == 0o600
 
 
+def start_flower(port: int, **env) -> subprocess.Popen:
+    """Flower as runstack and docker-compose start it: with Plumb's flowerconfig.py."""
+    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "FLOWER_BASIC_AUTH": "ops:let-me-in",
+           **env}  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "flower",
+         f"--conf={ROOT / 'flowerconfig.py'}", "--address=127.0.0.1", f"--port={port}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
     port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "FLOWER_BASIC_AUTH": "ops:let-me-in"}
-    flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "flower",
-         "--address=127.0.0.1", f"--port={port}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    flower = start_flower(port)
     url = f"http://127.0.0.1:{port}/"
 
     def answers():
@@ -51,6 +57,35 @@ def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
         assert httpx.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
         assert httpx.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 200
         # docker-compose's healthcheck polls this one without credentials.
+        assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
+        # /metrics (every task name, worker and queue) answered anyone.
+        assert httpx.get(f"{url}metrics", timeout=5).status_code == 401
+        metrics = httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5)
+        assert metrics.status_code == 200 and "flower_" in metrics.text
+    finally:
+        flower.terminate()
+        flower.wait(timeout=15)
+
+
+@pytest.mark.slow
+def test_flower_locks_out_an_address_after_repeated_failed_logins(redis_client):
+    port = free_port()
+    flower = start_flower(port, LOGIN_FAILURE_LIMIT="3")
+    url = f"http://127.0.0.1:{port}/"
+
+    def answers():
+        try:
+            return httpx.get(f"{url}healthcheck", timeout=2)
+        except httpx.TransportError:
+            return None
+
+    try:
+        wait_for(answers, timeout=60, interval=0.3, message="Flower to answer")
+        for _ in range(3):
+            assert httpx.get(url, auth=("ops", "guess"), timeout=5).status_code == 401
+        # Locked: even the right password is refused, on every page that needs a login.
+        assert httpx.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 429
+        assert httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5).status_code == 429
         assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
     finally:
         flower.terminate()

@@ -27,6 +27,8 @@ def staff_api(django_user_model):
 
 
 def make_page(url: str, *, domain: str = "example.org", **fields) -> Page:
+    """A page enrolled in the nightly re-audit unless told otherwise (as staff would make it)."""
+    fields.setdefault("reaudit_nightly", True)
     return Page.objects.create(url=url, domain=domain, **fields)
 
 

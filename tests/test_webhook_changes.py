@@ -106,6 +106,8 @@ def test_a_nightly_reaudit_that_found_a_change_is_posted_to_the_page_callback_si
     )
     assert changed_payload["type"] == "audit.changed"
     assert changed_payload["data"]["id"] == str(submitted.id)
+    # The submitter's callback URL is theirs: the page's owner does not hear of it.
+    assert submission_hook.url not in page_hook.requests[1].body.decode()
     assert changed_payload["data"]["got_worse"] is True
     assert page_hook.requests[1].webhook_id != submission_hook.requests[0].webhook_id
 
@@ -153,3 +155,23 @@ def test_no_change_delivery_without_changes_or_without_a_page_callback(
     pages.remove(page)  # a removed page has no callback any more
     assert tasks.schedule_change_delivery(audit_id=changed.id) is None
     assert not Delivery.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("event", ["audit.finished", "audit.changed"])
+def test_no_payload_carries_a_callback_url(event):
+    """An anonymous submitter's callback URL (with its user, password and token) once
+    travelled in `data` of the `audit.changed` sent to the page's owner."""
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    pages.update(page, callback_url="https://owner.example/hook", callback_secret=PAGE_SECRET)
+    secret_url = "https://someone:hunter2@hooks.example.net/plumb?token=t0ken"
+    audit = Audit.objects.create(
+        page=page, status=Audit.Status.SUCCEEDED,
+        changes=[{"field": "title", "before": "a", "after": "b"}],
+        callback_url=secret_url, callback_secret=SECRET,
+    )  # fmt: skip
+    payload = deliver.payload_for(audit, event)
+    assert "callback_url" not in payload["data"]
+    text = str(payload)
+    assert "hooks.example.net" not in text and "hunter2" not in text and "t0ken" not in text
+    assert payload["data"]["id"] == str(audit.id)

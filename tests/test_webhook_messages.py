@@ -51,7 +51,7 @@ def test_malformed_messages_are_not_retried(start_worker, redis_client, settings
     finally:
         hook.stop()
     log = worker.output()
-    assert log.count("webhook.malformed_message") == 3, log
+    assert log.count("task.malformed_message") == 3, log
     # The undecodable body is dead-lettered by the consumer on its first receive.
     assert DeadLetter.objects.filter(reason=DeadLetter.Reason.MALFORMED).count() >= 1, log
     assert "task.retry" not in log

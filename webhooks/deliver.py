@@ -15,7 +15,7 @@ import logging
 import uuid
 from datetime import timedelta
 
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -36,11 +36,21 @@ class Outcome(enum.Enum):
 # --- The payload ------------------------------------------------------------------
 
 
+class AuditPayloadSerializer(AuditSerializer):
+    """The audit as its events carry it: as the API shows it, less the submission's
+    callback URL. `audit.changed` goes to the page's owner, who may not be the
+    submitter, and a callback URL can hold credentials (user, password, a token)."""
+
+    class Meta(AuditSerializer.Meta):
+        fields = [name for name in AuditSerializer.Meta.fields if name != "callback_url"]
+        read_only_fields = fields
+
+
 def payload_for(audit: Audit, event: str = Delivery.Event.FINISHED) -> dict:
     return {
         "type": event,
         "timestamp": (audit.finished_at or timezone.now()).isoformat(),
-        "data": AuditSerializer(audit).data,
+        "data": AuditPayloadSerializer(audit).data,
     }
 
 
@@ -50,7 +60,8 @@ def signing_secret(delivery: Delivery) -> str | None:
     if delivery.event == Delivery.Event.CHANGED:
         page = delivery.audit.page
         return page.callback_secret if page.callback_url == delivery.url else None
-    return delivery.audit.callback_secret
+    # Dropped once its delivery succeeded (attempt_delivery): nothing is owed any more.
+    return delivery.audit.callback_secret or None
 
 
 # --- Creating --------------------------------------------------------------------
@@ -155,7 +166,13 @@ def attempt_delivery(delivery_id: str) -> Outcome:
         return Outcome.GONE
     secret = signing_secret(delivery)
     if secret is None:
-        mark_failed(delivery_id, error="the page callback was changed or removed before delivery")
+        changed = delivery.event == Delivery.Event.CHANGED
+        mark_failed(
+            delivery_id,
+            error="the page callback was changed or removed before delivery"
+            if changed
+            else "the submission's callback secret was dropped (its delivery had succeeded)",
+        )
         return Outcome.GONE
     body = json.dumps(payload_for(delivery.audit, delivery.event), separators=(",", ":"))
     headers = webhook.signed_headers(secret=secret, webhook_id=delivery.webhook_id, body=body)
@@ -167,12 +184,17 @@ def attempt_delivery(delivery_id: str) -> Outcome:
     except (Transient, Permanent) as exc:
         record_failure(delivery_id, status_code=exc.status_code, error=str(exc))
         raise
-    Delivery.objects.filter(id=delivery_id).update(
-        status=Delivery.Status.DELIVERED,
-        delivered_at=timezone.now(),
-        last_status_code=status_code,
-        last_error="",
-    )
+    with transaction.atomic():
+        Delivery.objects.filter(id=delivery_id).update(
+            status=Delivery.Status.DELIVERED,
+            delivered_at=timezone.now(),
+            last_status_code=status_code,
+            last_error="",
+        )
+        if delivery.event == Delivery.Event.FINISHED:
+            # The submission's one delivery is done: its secret is not kept a moment longer.
+            # (A failed delivery keeps it, encrypted, for a replay from the admin.)
+            Audit.objects.filter(id=delivery.audit_id).update(callback_secret="")
     log.info(
         "webhook.delivered",
         extra={

@@ -19,7 +19,6 @@ from django.db import OperationalError, transaction
 from django.dispatch import receiver
 
 from audits.signals import audit_finished
-from jobs.errors import MalformedTaskMessage
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 from webhooks import deliver
@@ -61,9 +60,6 @@ class WebhookTask(PlumbTask):
             log.warning("webhook.retry_not_recorded", extra={"delivery_id": args[0]})
 
     def after_final_failure(self, exc, *, args, kwargs):
-        if isinstance(exc, MalformedTaskMessage):
-            log.error("webhook.malformed_message", extra={"error": str(exc)})
-            return
         attempts = self.request.retries + 1
         deliver.mark_failed(str(args[0]), error=f"gave up after {attempts} attempt(s): {exc}")
 

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audits import admission, pages, submission
-from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly
+from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly, is_trusted
 from audits.api.errors import ServiceUnavailable
 from audits.api.schema import error
 from audits.api.serializers import (
@@ -100,6 +100,7 @@ class AuditCollectionView(APIView):
             data["url"],
             callback_url=data.get("callback_url", ""),
             callback_secret=data.get("callback_secret", ""),
+            trusted=is_trusted(request),
         )
         body = AuditSerializer(audit, context={"request": request}).data
         return Response(

@@ -74,4 +74,13 @@ def application(database: str, broker_url: str, queue: str):
     return get_wsgi_application()
 
 
+def asgi_application(database: str, broker_url: str, queue: str):
+    """The same view behind Django's ASGI handler, for the web line `make run` uses
+    (gunicorn's asgi workers)."""
+    application(database, broker_url, queue)  # configures Django and adds the route
+    from django.core.asgi import get_asgi_application
+
+    return get_asgi_application()
+
+
 urlpatterns: list = []

@@ -36,9 +36,35 @@ def test_public_addresses_are_public(address):
     assert guard.is_public_address(address) is True
 
 
-def test_a_name_that_resolves_to_loopback_is_refused(site):
-    with pytest.raises(Permanent, match="localhost resolves to"):
+def test_a_name_that_resolves_to_loopback_is_refused_without_saying_what_it_resolves_to(site):
+    with pytest.raises(Permanent, match="localhost is not a public address") as refused:
         fetch(site.base_url.replace("127.0.0.1", "localhost") + "/", allow_private=False)
+    # The refusal reaches the submitter: no answer of the internal DNS goes with it.
+    assert "127.0.0.1" not in str(refused.value)
+    assert "::1" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 of the metadata address 169.254.169.254
+        "64:ff9b:1::a00:1",  # local-use NAT64 of 10.0.0.1
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:c0a8:101::1",  # 6to4 of 192.168.1.1
+        "::127.0.0.1",  # IPv4-compatible
+        "::169.254.169.254",
+        "::ffff:0:127.0.0.1",  # IPv4-translated (SIIT)
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo with client 127.0.0.1
+    ],
+)
+def test_ipv6_forms_that_embed_a_private_ipv4_address_are_not_public(address):
+    assert guard.is_public_address(address) is False
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::808:808", "2002:808:808::1"])
+def test_ipv6_forms_that_embed_a_public_ipv4_address_stay_public(address):
+    assert guard.is_public_address(address) is True
 
 
 def test_a_redirect_to_a_private_address_is_refused_at_that_hop(monkeypatch):

@@ -49,15 +49,23 @@ def kept_secret(path: Path, generated: str) -> str:
     return path.read_text().strip()
 
 
+def web_command(host: str, port: int, *, workers: int) -> str:
+    """gunicorn's ASGI workers: an event loop reads requests, so a client trickling its
+    headers holds a socket, not a worker (config/asgi.py; bench/slow_clients.py)."""
+    bin_dir = Path(sys.executable).parent
+    return (
+        f"{bin_dir / 'gunicorn'} config.asgi:application --worker-class asgi"
+        f" --bind {host}:{port} --workers {workers}"
+        " --access-logfile - --graceful-timeout 10 --no-control-socket"
+    )
+
+
 def stack_commands(demo: bool = False) -> dict[str, str]:
     """The command line of each process `make run` starts, by name (also bench/soak.py's)."""
     bin_dir = Path(sys.executable).parent
     celery = f"{bin_dir / 'celery'} -A config"
     processes = {
-        "web": (
-            f"{bin_dir / 'gunicorn'} config.wsgi:application --bind {settings.WEB_HOST}:{settings.WEB_PORT}"
-            f" --workers {settings.WEB_CONCURRENCY} --access-logfile - --graceful-timeout 10 --no-control-socket"
-        ),
+        "web": web_command(settings.WEB_HOST, settings.WEB_PORT, workers=settings.WEB_CONCURRENCY),
         # One per core: a threads worker's Python runs on one core at a time (the GIL).
         **{
             f"worker-audits-{n}": (
@@ -79,7 +87,8 @@ def stack_commands(demo: bool = False) -> dict[str, str]:
         "beat": f"{celery} beat --loglevel INFO",
         # Flower turns task events on in every worker unless told not to (TASK_EVENTS).
         "flower": (
-            f"{celery} flower --address=127.0.0.1 --port={settings.FLOWER_PORT}"
+            f"{celery} flower --conf={settings.BASE_DIR / 'flowerconfig.py'}"
+            f" --address=127.0.0.1 --port={settings.FLOWER_PORT}"
             f" --enable_events={settings.TASK_EVENTS}"
         ),
     }
@@ -109,6 +118,10 @@ class Command(BaseCommand):
         env["SECRET_KEY"] = service_secret_key(
             Path(settings.VAR_DIR), os.environ.get("SECRET_KEY", "")
         )
+        # Plain http on 127.0.0.1: a browser drops a Secure cookie there (only "localhost"
+        # counts as a secure context), and the admin login would never stick. A deployment
+        # behind TLS keeps the default (secure when DEBUG is off).
+        env.setdefault("SECURE_COOKIES", "false")
         if demo:
             env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
         # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.

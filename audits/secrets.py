@@ -1,0 +1,54 @@
+"""Callback secrets, encrypted at rest with keys that can be rotated.
+
+A callback secret signs the webhooks sent to its URL: whoever reads it can forge them.
+The database (a backup, a replica, a read-only account) keeps only Fernet tokens; the
+keys live in the environment (CALLBACK_SECRET_KEYS). MultiFernet encrypts with the first
+key and decrypts with any, so a rotation is: a new key first, `manage.py
+rotate_callback_secrets`, then the old key removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+
+from cryptography.fernet import Fernet, MultiFernet
+from django.conf import settings
+from django.db import models
+
+
+def _keys() -> tuple[str, ...]:
+    if settings.CALLBACK_SECRET_KEYS:
+        return tuple(settings.CALLBACK_SECRET_KEYS)
+    # No key configured: one derived from SECRET_KEY, so the embedded stack needs no setup.
+    # Changing SECRET_KEY then loses the secrets: a deployment sets its own keys.
+    digest = hashlib.sha256(b"plumb.callback-secrets:" + settings.SECRET_KEY.encode()).digest()
+    return (base64.urlsafe_b64encode(digest).decode(),)
+
+
+@lru_cache(maxsize=4)
+def _fernet(keys: tuple[str, ...]) -> MultiFernet:
+    return MultiFernet([Fernet(key) for key in keys])
+
+
+def encrypt(secret: str) -> str:
+    return _fernet(_keys()).encrypt(secret.encode()).decode()
+
+
+def decrypt(token: str) -> str:
+    return _fernet(_keys()).decrypt(token.encode()).decode()
+
+
+class EncryptedSecretField(models.TextField):
+    """A string stored as a Fernet token; empty stays empty (no secret).
+
+    Lookups by value cannot work (every token differs): nothing filters on a secret.
+    """
+
+    def from_db_value(self, value, expression, connection):
+        return decrypt(value) if value else value
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return encrypt(value) if value else value

@@ -1,0 +1,84 @@
+"""Flower's login, made to cover /metrics and throttled (loaded by flowerconfig.py).
+
+Flower 2.2 checks its basic auth in `get_current_user`, which only its pages marked
+`authenticated` call: /metrics (every task name, every worker, queue depths) answered
+anyone. And a wrong password costs nothing, so it can be guessed at line speed.
+django-axes throttles Django's logins; Flower is a Tornado app that never reaches
+Django's authentication, so its failures are counted here, in its one process, with
+the same limits (LOGIN_FAILURE_LIMIT failures from one address lock it out for
+LOGIN_LOCKOUT_MINUTES). /healthcheck stays open: docker-compose polls it.
+
+The throttle wraps `BaseHandler.get_current_user` (the one place Flower decides who
+is logged in) and calls the original; tests/test_flower.py pins both behaviours
+against the installed Flower.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+import tornado.web
+from django.conf import settings
+from flower import urls
+from flower.views import BaseHandler
+from flower.views.monitor import Metrics
+
+
+class LoginFailures:
+    """Failed logins per client address within the lockout window."""
+
+    def __init__(self, limit: int, window_seconds: float):
+        self.limit = limit
+        self.window_seconds = window_seconds
+        self._failures: dict[str, deque[float]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def _recent(self, address: str, now: float) -> deque[float]:
+        failures = self._failures[address]
+        while failures and failures[0] <= now - self.window_seconds:
+            failures.popleft()
+        return failures
+
+    def locked(self, address: str) -> bool:
+        with self._lock:
+            return len(self._recent(address, time.monotonic())) >= self.limit
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._recent(address, now).append(now)
+
+
+# AXES_COOLOFF_TIME is in hours (LOGIN_LOCKOUT_MINUTES / 60).
+failures = LoginFailures(settings.AXES_FAILURE_LIMIT, settings.AXES_COOLOFF_TIME * 3600)
+_flower_get_current_user = BaseHandler.get_current_user
+
+
+def _throttled_get_current_user(self):
+    address = self.request.remote_ip
+    if failures.locked(address):
+        raise tornado.web.HTTPError(429, "too many failed logins: try again later")
+    try:
+        return _flower_get_current_user(self)
+    except tornado.web.HTTPError as exc:
+        if exc.status_code == 401 and self.request.headers.get("Authorization"):
+            failures.failed(address)
+        raise
+
+
+class LoginRequiredMetrics(Metrics):
+    @tornado.web.authenticated
+    async def get(self):
+        await super().get()
+
+
+BaseHandler.get_current_user = _throttled_get_current_user
+# Flower builds its application from this list when it starts (flower.app.Flower).
+urls.handlers[:] = [
+    (spec[0], LoginRequiredMetrics, *spec[2:])
+    if isinstance(spec, tuple) and spec[1] is Metrics
+    else spec
+    for spec in urls.handlers
+]

@@ -1,0 +1,90 @@
+"""What a downstream sends cannot write lines of its own into Plumb's log."""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from config.logging import StructuredFormatter
+from jobs.errors import Permanent
+from outbound.integrations import webhook
+
+pytestmark = pytest.mark.django_db
+
+FORGED = "2026-12-04T10:00:00.000+00:00 INFO webhooks.tasks webhook.delivered delivery_id=forged"
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """A receiver that refuses every delivery with a body that imitates a log line."""
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = f"no thanks\n{FORGED}\r\n\x1b[2Kcleared".encode()
+        self.send_response(400)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def refusing_receiver():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+def log_output(as_json: bool, emit) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(StructuredFormatter(as_json=as_json))
+    logger = logging.getLogger("tests.log_escaping")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        emit(logger)
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_receivers_body_in_a_traceback_cannot_forge_a_log_line(refusing_receiver, as_json):
+    def emit(logger):
+        try:
+            webhook.post(refusing_receiver, body="{}", headers={})
+        except Permanent as exc:
+            # As Celery logs a task's failure: the message and the traceback.
+            logger.error("Task failed: %s", exc, exc_info=True, extra={"error": str(exc)})
+
+    output = log_output(as_json, emit)
+    lines = output.splitlines()
+    assert not [line for line in lines if line.startswith(FORGED)], output
+    assert "\x1b" not in output
+    # What the receiver said is still there to read, escaped.
+    assert "no thanks\\n2026-12-04" in output
+
+
+def test_a_traceback_keeps_its_chain_and_its_own_line_breaks():
+    def emit(logger):
+        try:
+            try:
+                raise ValueError("inner\nline")
+            except ValueError as inner:
+                raise Permanent("outer\nline") from inner
+        except Permanent:
+            logger.exception("failed")
+
+    output = log_output(False, emit)
+    assert "ValueError: inner\\nline" in output
+    assert "The above exception was the direct cause of the following exception:" in output
+    assert "jobs.errors.Permanent: outer\\nline" in output
+    assert output.count("Traceback (most recent call last):") == 2
