@@ -15,7 +15,6 @@ import yaml
 from django.core.management import get_commands
 
 from config.celery_app import app as celery_app
-
 from devstack.management.commands.runstack import web_command
 
 ROOT = Path(__file__).resolve().parent.parent
