@@ -42,7 +42,12 @@ def test_debug_off_with_a_real_secret_key_starts():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("key", ["x", "x" * 50, "abcd" * 20, STRONG_KEY[:49]])
+@pytest.mark.parametrize(
+    "key",
+    ["x", "x" * 50, "abcd" * 20, STRONG_KEY[:49]],
+    # STRONG_KEY is random: ids by position keep xdist's workers collecting the same tests.
+    ids=["one-character", "one-repeated-character", "few-distinct-characters", "too-short"],
+)
 def test_debug_off_with_a_weak_secret_key_refuses_to_start(key):
     result = run_check(DEBUG="false", SECRET_KEY=key)
     assert result.returncode != 0
