@@ -3,6 +3,7 @@ page cap, and the audit says the page was truncated."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import psutil
@@ -33,10 +34,8 @@ class WorkerMemory:
         processes = [self.root, *self.root.children(recursive=True)]
         total = 0
         for process in processes:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 total += process.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
         return total
 
     def _sample(self):
