@@ -15,6 +15,7 @@ import logging
 import uuid
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
@@ -31,6 +32,15 @@ log = logging.getLogger(__name__)
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
     GONE = "gone"  # finished already (a duplicate message) or deleted
+
+
+def attempt_time_limits() -> tuple[float, float]:
+    """(soft, hard) seconds for one attempt: its request's whole deadline
+    (WEBHOOK_TIMEOUT_SECONDS, outbound.bounded) plus the database's and Redis's waits.
+    Both stay below WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS, so the broker never hands a
+    live attempt's message to another thread (tests/test_time_limits.py)."""
+    timeout = settings.WEBHOOK_TIMEOUT_SECONDS
+    return timeout + 20, timeout + 30
 
 
 # --- The payload ------------------------------------------------------------------
