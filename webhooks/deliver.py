@@ -9,24 +9,32 @@ keeps the deliveries' rows: creating, claiming and recording each attempt.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
+from redis.exceptions import LockError
 
 from audits.api.serializers import AuditSerializer
 from audits.models import Audit
+from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, Transient
 from outbound.integrations import webhook
 from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
+
+# An attempt's lease outlives its hard time limit by this much (see attempt_lease).
+ATTEMPT_LEASE_SLACK_SECONDS = 5
+ATTEMPT_LEASE_POLL_SECONDS = 0.1
 
 
 class Outcome(enum.Enum):
@@ -128,7 +136,7 @@ def pending_url(delivery_id: str) -> str | None:
 
 
 def run_delivery(delivery_id: str) -> Outcome:
-    """One attempt, if a slot for the destination host is free.
+    """One attempt, if no other is in flight and a slot for the destination host is free.
 
     A full host raises RateLimited before the attempt is claimed (no attempt
     used); a failed attempt raises Transient or Permanent.
@@ -139,8 +147,55 @@ def run_delivery(delivery_id: str) -> Outcome:
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}
         )
         return Outcome.GONE
-    with webhook.host_slot(target):
-        return attempt_delivery(delivery_id)
+    with attempt_lease(delivery_id) as ours:
+        if not ours:
+            log.info(
+                "webhook.skipped",
+                extra={"delivery_id": delivery_id, "reason": "attempted meanwhile by another"},
+            )
+            return Outcome.GONE
+        with webhook.host_slot(target):
+            return attempt_delivery(delivery_id)
+
+
+@contextlib.contextmanager
+def attempt_lease(delivery_id: str) -> Iterator[bool]:
+    """Hold the delivery's attempt lease for the block: one attempt of a delivery at a time.
+
+    The broker hands a message to another thread once it has been unacked for the
+    visibility timeout, and the claim alone lets `delivering` be claimed again (a
+    worker may have died mid-attempt). So the second thread waits while the first
+    holds the lease, then yields False if the first recorded its outcome (the first
+    owns what comes next: this copy is dropped) and True if it died mid-attempt (the
+    row still says `delivering`). The lease lapses on its own after the attempt's hard
+    time limit, so a SIGKILLed holder frees it.
+    """
+    ttl = attempt_time_limits()[1] + ATTEMPT_LEASE_SLACK_SECONDS
+    lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
+    waited = not lease.acquire(blocking=False)
+    if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
+        yield False  # held all along by another attempt: it is not dead, and it owns the row
+        return
+    try:
+        if waited and not _still_delivering(delivery_id):
+            yield False
+            return
+        try:
+            yield True
+        except BaseException:
+            # Whatever ended the attempt, the row must not say `delivering` once the lease
+            # is free: a waiting copy would take that for a dead holder and try again.
+            Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).update(
+                status=Delivery.Status.RETRYING
+            )
+            raise
+    finally:
+        with contextlib.suppress(LockError):
+            lease.release()  # lapsed already: nothing to give back
+
+
+def _still_delivering(delivery_id: str) -> bool:
+    return Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).exists()
 
 
 def claim_delivery(delivery_id: str) -> Delivery | None:
