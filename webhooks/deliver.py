@@ -22,6 +22,7 @@ from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
 from redis.exceptions import LockError
+from redis.lock import Lock
 
 from audits.api.serializers import AuditSerializer
 from audits.models import Audit
@@ -32,7 +33,7 @@ from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
 
-# An attempt's lease outlives its hard time limit by this much (see attempt_lease).
+# An attempt's lease outlives its request's deadline by this much (see attempt_lease).
 ATTEMPT_LEASE_SLACK_SECONDS = 5
 ATTEMPT_LEASE_POLL_SECONDS = 0.1
 
@@ -147,41 +148,42 @@ def run_delivery(delivery_id: str) -> Outcome:
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}
         )
         return Outcome.GONE
-    with attempt_lease(delivery_id) as ours:
-        if not ours:
+    with attempt_lease(delivery_id) as lease:
+        if lease is None:
             log.info(
                 "webhook.skipped",
                 extra={"delivery_id": delivery_id, "reason": "attempted meanwhile by another"},
             )
             return Outcome.GONE
         with webhook.host_slot(target):
-            return attempt_delivery(delivery_id)
+            return attempt_delivery(delivery_id, lease=lease)
 
 
 @contextlib.contextmanager
-def attempt_lease(delivery_id: str) -> Iterator[bool]:
+def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
     """Hold the delivery's attempt lease for the block: one attempt of a delivery at a time.
 
     The broker hands a message to another thread once it has been unacked for the
     visibility timeout, and the claim alone lets `delivering` be claimed again (a
     worker may have died mid-attempt). So the second thread waits while the first
-    holds the lease, then yields False if the first recorded its outcome (the first
-    owns what comes next: this copy is dropped) and True if it died mid-attempt (the
-    row still says `delivering`). The lease lapses on its own after the attempt's hard
-    time limit, so a SIGKILLed holder frees it.
+    holds the lease, then yields None if the first recorded its outcome (the first
+    owns what comes next: this copy is dropped), or the lease if the first died
+    mid-attempt (the row still says `delivering`). The lease lapses on its own, so a
+    SIGKILLed holder frees it: it lasts one request's deadline plus
+    ATTEMPT_LEASE_SLACK_SECONDS, renewed just before the POST (`attempt_delivery`).
     """
-    ttl = attempt_time_limits()[1] + ATTEMPT_LEASE_SLACK_SECONDS
+    ttl = settings.WEBHOOK_TIMEOUT_SECONDS + ATTEMPT_LEASE_SLACK_SECONDS
     lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
     waited = not lease.acquire(blocking=False)
     if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
-        yield False  # held all along by another attempt: it is not dead, and it owns the row
+        yield None  # still held (renewed for its request): its holder is alive
         return
     try:
         if waited and not _still_delivering(delivery_id):
-            yield False
+            yield None
             return
         try:
-            yield True
+            yield lease
         except BaseException:
             # Whatever ended the attempt, the row must not say `delivering` once the lease
             # is free: a waiting copy would take that for a dead holder and try again.
@@ -192,6 +194,14 @@ def attempt_lease(delivery_id: str) -> Iterator[bool]:
     finally:
         with contextlib.suppress(LockError):
             lease.release()  # lapsed already: nothing to give back
+
+
+def _renewed(lease: Lock) -> bool:
+    """The lease runs a whole request's deadline (and its slack) from now, still ours."""
+    try:
+        return lease.reacquire()
+    except LockError:
+        return False
 
 
 def _still_delivering(delivery_id: str) -> bool:
@@ -214,7 +224,7 @@ def claim_delivery(delivery_id: str) -> Delivery | None:
     return Delivery.objects.select_related("audit__page").get(id=delivery_id)
 
 
-def attempt_delivery(delivery_id: str) -> Outcome:
+def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
     delivery = claim_delivery(delivery_id)
     if delivery is None:
         return Outcome.GONE
@@ -227,6 +237,8 @@ def attempt_delivery(delivery_id: str) -> Outcome:
     # Give a pooled database connection back for the request: a slow receiver
     # must not hold one of the few connections every other thread needs.
     close_old_connections()
+    if lease is not None and not _renewed(lease):
+        raise Transient("the attempt's lease lapsed before its request (the database was slow)")
     try:
         status_code = webhook.post(delivery.url, body=body, headers=headers)
     except (Transient, Permanent) as exc:
