@@ -123,7 +123,10 @@ def main() -> None:
     print(f"building the bomb: {len(bomb(('gzip', 'gzip'))):,} bytes on the wire")
     hostile = HostileServer().start()
     site = DemoSite().start()
-    worker = WorkerProcess("audits", pool="threads", concurrency=4).start(timeout=60)
+    # The worker logs at INFO: WorkerProcess waits for its "ready." line.
+    worker = WorkerProcess(
+        "audits", pool="threads", concurrency=4, env={"LOG_LEVEL": "INFO"}
+    ).start(timeout=60)
     cap = settings.AUDIT_MAX_PAGE_BYTES
     try:
         warm, _, _ = audit(f"{hostile.base_url}/plain?codings=gzip", worker)
