@@ -28,10 +28,11 @@ TRANSIENT_ERRORS = (
 
 
 # A fan-out of 100,000 pages is one transaction of 8 to 10 s, a slice publishes its
-# placements, a placement creates one audit: the limits leave room for a slow database
-# and stay far inside REAUDIT_VISIBILITY_TIMEOUT_SECONDS (1,800 s), since a reaudit
-# worker also holds a slice's messages for up to REAUDIT_SLICE_SECONDS before running them.
-NIGHT_LIMITS = {"soft_time_limit": 240, "time_limit": 300}
+# placements, a placement creates one audit: the limits leave ten times that for a slow
+# database, stay far inside REAUDIT_VISIBILITY_TIMEOUT_SECONDS (1,800 s; a reaudit worker
+# also holds a slice's messages for up to REAUDIT_SLICE_SECONDS before running them) and
+# inside the workers' stop grace in docker-compose.yml (120 s).
+NIGHT_LIMITS = {"soft_time_limit": 90, "time_limit": 110}
 PLACEMENT_LIMITS = {"soft_time_limit": 60, "time_limit": 90}
 
 

@@ -77,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
+        self.server.accept_encodings.append(self.headers.get("Accept-Encoding", ""))
         with self.server.tracking():
             if url.path.startswith("/trickle"):
                 return self._trickle()
@@ -127,6 +128,7 @@ class HostileServer(ThreadingHTTPServer):
         self.in_flight = 0
         self.peak_in_flight = 0
         self.finished = 0
+        self.accept_encodings: list[str] = []  # what each request asked for
 
     def tracking(self):
         server = self
