@@ -212,7 +212,7 @@ def claim_delivery(delivery_id: str) -> Delivery | None:
     """Count an attempt; None if the delivery finished meanwhile (a duplicate message).
 
     `delivering` can be claimed again: a worker died mid-attempt and the
-    message came back.
+    message came back (only once its attempt lease is free: `attempt_lease`).
     """
     claimed = (
         Delivery.objects.filter(id=delivery_id)
