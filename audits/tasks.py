@@ -35,6 +35,10 @@ LINK_CHECK_TIME_LIMIT_SECONDS = (
     settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
 )
 
+# Housekeeping is a few queries: a minute is plenty, and well inside the visibility timeout.
+HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS = 60
+HOUSEKEEPING_TIME_LIMIT_SECONDS = 90
+
 AUDIT_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE)
 LINK_CHECK_POLICY = RetryPolicy()
 # Housekeeping: not the product's work, so not counted as jobs.
@@ -128,13 +132,23 @@ class HousekeepingTask(PlumbTask):
 
 
 @shared_task(
-    base=HousekeepingTask, name="audits.finish_overdue_link_checks", queue=settings.AUDIT_QUEUE
+    base=HousekeepingTask,
+    name="audits.finish_overdue_link_checks",
+    queue=settings.AUDIT_QUEUE,
+    soft_time_limit=HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS,
+    time_limit=HOUSEKEEPING_TIME_LIMIT_SECONDS,
 )
 def finish_overdue_link_checks() -> None:
     linkcheck.finish_overdue_link_checks()
 
 
-@shared_task(base=HousekeepingTask, name="audits.requeue_stuck_audits", queue=settings.AUDIT_QUEUE)
+@shared_task(
+    base=HousekeepingTask,
+    name="audits.requeue_stuck_audits",
+    queue=settings.AUDIT_QUEUE,
+    soft_time_limit=HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS,
+    time_limit=HOUSEKEEPING_TIME_LIMIT_SECONDS,
+)
 def requeue_stuck_audits() -> int:
     return reconcile.requeue_stuck_audits(enqueue=enqueue_audit)
 

@@ -282,6 +282,9 @@ CELERY_WORKER_CONSUMER = "jobs.consumer:DeadLetteringConsumer"
 # --- Audits -------------------------------------------------------------------
 AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 AUDIT_MAX_PAGE_BYTES = env_int("AUDIT_MAX_PAGE_BYTES", 5 * 1024 * 1024, minimum=1024)
+# Content codings stacked on one response body that are decoded (gzip, deflate), each
+# inflated within the body cap; more is refused. 0 asks downstreams for `identity`.
+OUTBOUND_MAX_CONTENT_CODINGS = env_int("OUTBOUND_MAX_CONTENT_CODINGS", 2, minimum=0)
 AUDIT_MAX_ATTEMPTS = env_int("AUDIT_MAX_ATTEMPTS", 5, minimum=1)
 AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")

@@ -2,6 +2,8 @@
 
     client.py        the client factory (SSRF guard, TLS, timeouts, user agent) and the
                      admission-aware sender (admission, observations, metrics, inline waits)
+    bounded.py       every exchange bounded: one deadline over connect, headers and body,
+                     and the body decoded from its raw bytes within a cap
     guard.py         the connect-time guard against private addresses
     urls.py          URL normalization: one spelling per page
     redirects.py     the one redirect loop

@@ -4,8 +4,10 @@
 settings for every caller (page fetches, link checks, webhook deliveries): the SSRF
 guard at connect time (every
 connection, so every redirect hop, unless AUDIT_ALLOW_PRIVATE_TARGETS), one TLS
-context per process, a timeout, Plumb's user agent, no automatic redirects (the
-one redirect loop is `outbound.redirects`).
+context per process, a timeout that is also each exchange's whole deadline (connect,
+headers and body), a cap on the decoded body and on stacked content codings
+(`outbound.bounded`), Plumb's user agent, no automatic redirects (the one redirect
+loop is `outbound.redirects`).
 
 `OutboundClient.send` asks admission about the call's bucket before making it,
 records what the response says about the bucket (`ratelimit.responses`), sleeps
@@ -29,7 +31,7 @@ from django.conf import settings
 from jobs.errors import RateLimited
 from jobs.policy import RETRY, delay
 from observability.metrics import record_downstream_request
-from outbound import hostslots
+from outbound import bounded, hostslots
 from outbound.guard import GuardedNetworkBackend
 from outbound.statuses import Answer, classify_status
 from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
@@ -61,23 +63,46 @@ def tls_context() -> ssl.SSLContext:
 
 
 def build_client(
-    *, timeout: float, user_agent: str | None = None, allow_private: bool | None = None
+    *,
+    timeout: float,
+    user_agent: str | None = None,
+    allow_private: bool | None = None,
+    max_body_bytes: int | None = None,
 ) -> httpx.Client:
-    """An httpx client for downstream calls; the user agent and the private-address
-    switch default to AUDIT_USER_AGENT and AUDIT_ALLOW_PRIVATE_TARGETS."""
+    """An httpx client for downstream calls; the user agent, the private-address
+    switch and the decoded-body cap default to AUDIT_USER_AGENT,
+    AUDIT_ALLOW_PRIVATE_TARGETS and AUDIT_MAX_PAGE_BYTES.
+
+    `timeout` bounds each exchange as a whole (connect, headers and body), not only
+    each read: a request may ask for less with the `plumb_deadline` extension.
+    """
     if user_agent is None:
         user_agent = settings.AUDIT_USER_AGENT
     if allow_private is None:
         allow_private = settings.AUDIT_ALLOW_PRIVATE_TARGETS
+    if max_body_bytes is None:
+        max_body_bytes = settings.AUDIT_MAX_PAGE_BYTES
     transport = httpx.HTTPTransport(retries=0, verify=tls_context())
     # httpx has no public hook for the network backend; the pool's is the one
     # place every connection (and so every redirect hop) goes through.
-    transport._pool._network_backend = GuardedNetworkBackend(allow_private=allow_private)
+    transport._pool._network_backend = bounded.DeadlineBackend(
+        GuardedNetworkBackend(allow_private=allow_private)
+    )
+    max_codings = settings.OUTBOUND_MAX_CONTENT_CODINGS
     return httpx.Client(
-        transport=transport,
+        transport=bounded.BoundedTransport(
+            transport,
+            total_seconds=timeout,
+            max_body_bytes=max_body_bytes,
+            max_codings=max_codings,
+        ),
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
-        headers={"User-Agent": user_agent, "Accept": ACCEPT},
+        headers={
+            "User-Agent": user_agent,
+            "Accept": ACCEPT,
+            "Accept-Encoding": bounded.accept_encoding(max_codings),
+        },
     )
 
 
@@ -85,7 +110,11 @@ _shared: dict[tuple, httpx.Client] = {}
 
 
 def shared_client(
-    *, timeout: float, user_agent: str | None = None, allow_private: bool | None = None
+    *,
+    timeout: float,
+    user_agent: str | None = None,
+    allow_private: bool | None = None,
+    max_body_bytes: int | None = None,
 ) -> httpx.Client:
     """One client per process and settings, shared by its threads (httpx's pool is
     thread-safe), so calls to a host reuse its connections instead of each paying for
@@ -95,11 +124,19 @@ def shared_client(
         user_agent = settings.AUDIT_USER_AGENT
     if allow_private is None:
         allow_private = settings.AUDIT_ALLOW_PRIVATE_TARGETS
-    key = (os.getpid(), timeout, user_agent, allow_private)
+    if max_body_bytes is None:
+        max_body_bytes = settings.AUDIT_MAX_PAGE_BYTES
+    key = (
+        os.getpid(), timeout, user_agent, allow_private, max_body_bytes,
+        settings.OUTBOUND_MAX_CONTENT_CODINGS,
+    )  # fmt: skip
     client = _shared.get(key)
     if client is None:
         client = _shared[key] = build_client(
-            timeout=timeout, user_agent=user_agent, allow_private=allow_private
+            timeout=timeout,
+            user_agent=user_agent,
+            allow_private=allow_private,
+            max_body_bytes=max_body_bytes,
         )
     return client
 
@@ -154,11 +191,13 @@ class OutboundClient:
         """The response, once the bucket admits the call and the answer is not a rate limit.
 
         `key` defaults to the request's host. `deadline` (time.monotonic()) caps
-        inline waits further. Raises RateLimited when the wait is too long to sleep.
-        httpx's errors (and the guard's TargetNotAllowed) propagate: each
+        inline waits further, and the exchange itself (`outbound.bounded`). Raises
+        RateLimited when the wait is too long to sleep. httpx's errors (and the guard's TargetNotAllowed) propagate: each
         integration says what they mean for it.
         """
         key = key or admission_key_for_url(request.url)
+        if deadline is not None:
+            request.extensions[bounded.DEADLINE] = deadline
         for step in range(1, MAX_INLINE_RETRIES + 2):
             with self._slot(request.url, key, deadline):
                 admission = self._admit(key, resource)

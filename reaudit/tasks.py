@@ -27,6 +27,15 @@ TRANSIENT_ERRORS = (
 )
 
 
+# A fan-out of 100,000 pages is one transaction of 8 to 10 s, a slice publishes its
+# placements, a placement creates one audit: the limits leave ten times that for a slow
+# database, stay far inside REAUDIT_VISIBILITY_TIMEOUT_SECONDS (1,800 s; a reaudit worker
+# also holds a slice's messages for up to REAUDIT_SLICE_SECONDS before running them) and
+# inside the workers' stop grace in docker-compose.yml (120 s).
+NIGHT_LIMITS = {"soft_time_limit": 90, "time_limit": 110}
+PLACEMENT_LIMITS = {"soft_time_limit": 60, "time_limit": 90}
+
+
 class ReauditTask(PlumbTask):
     # Placing tonight's work is housekeeping: the audit it creates is the job.
     policy = RetryPolicy(retry_on=TRANSIENT_ERRORS, counts_as_job=False)
@@ -36,6 +45,7 @@ class ReauditTask(PlumbTask):
     base=ReauditTask,
     name="reaudit.fan_out",
     queue=settings.REAUDIT_QUEUE,
+    **NIGHT_LIMITS,
 )
 def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     services.fan_out(
@@ -49,6 +59,7 @@ def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     base=ReauditTask,
     name="reaudit.publish_slice",
     queue=settings.REAUDIT_QUEUE,
+    **NIGHT_LIMITS,
 )
 def publish_slice(day: str, index: int, planned_at: str) -> None:
     services.publish_slice(
@@ -63,6 +74,7 @@ def publish_slice(day: str, index: int, planned_at: str) -> None:
     base=ReauditTask,
     name="reaudit.place",
     queue=settings.REAUDIT_QUEUE,
+    **PLACEMENT_LIMITS,
 )
 def place(page_id: int, day: str) -> None:
     services.fire_placement(page_id, date.fromisoformat(day))
@@ -75,6 +87,7 @@ NIGHT_TASKS = services.NightTasks(publish_slice=publish_slice, place=place)
     base=ReauditTask,
     name="reaudit.catch_up",
     queue=settings.REAUDIT_QUEUE,
+    **NIGHT_LIMITS,
 )
 def catch_up() -> None:
     services.catch_up(night_tasks=NIGHT_TASKS)

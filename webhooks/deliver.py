@@ -9,28 +9,47 @@ keeps the deliveries' rows: creating, claiming and recording each attempt.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
+from redis.exceptions import LockError
+from redis.lock import Lock
 
 from audits.api.serializers import AuditSerializer
 from audits.models import Audit
+from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, Transient
 from outbound.integrations import webhook
 from webhooks.models import Delivery
 
 log = logging.getLogger(__name__)
 
+# An attempt's lease outlives its request's deadline by this much (see attempt_lease).
+ATTEMPT_LEASE_SLACK_SECONDS = 5
+ATTEMPT_LEASE_POLL_SECONDS = 0.1
+
 
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
     GONE = "gone"  # finished already (a duplicate message) or deleted
+
+
+def attempt_time_limits() -> tuple[float, float]:
+    """(soft, hard) seconds for one attempt: its request's whole deadline
+    (WEBHOOK_TIMEOUT_SECONDS, outbound.bounded) plus the database's and Redis's waits.
+    Both stay below WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS, so the broker never hands a
+    live attempt's message to another thread (tests/test_time_limits.py)."""
+    timeout = settings.WEBHOOK_TIMEOUT_SECONDS
+    return timeout + 20, timeout + 30
 
 
 # --- The payload ------------------------------------------------------------------
@@ -129,7 +148,7 @@ def pending_url(delivery_id: str) -> str | None:
 
 
 def run_delivery(delivery_id: str) -> Outcome:
-    """One attempt, if a slot for the destination host is free.
+    """One attempt, if no other is in flight and a slot for the destination host is free.
 
     A full host raises RateLimited before the attempt is claimed (no attempt
     used); a failed attempt raises Transient or Permanent.
@@ -140,15 +159,71 @@ def run_delivery(delivery_id: str) -> Outcome:
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}
         )
         return Outcome.GONE
-    with webhook.host_slot(target):
-        return attempt_delivery(delivery_id)
+    with attempt_lease(delivery_id) as lease:
+        if lease is None:
+            log.info(
+                "webhook.skipped",
+                extra={"delivery_id": delivery_id, "reason": "attempted meanwhile by another"},
+            )
+            return Outcome.GONE
+        with webhook.host_slot(target):
+            return attempt_delivery(delivery_id, lease=lease)
+
+
+@contextlib.contextmanager
+def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
+    """Hold the delivery's attempt lease for the block: one attempt of a delivery at a time.
+
+    The broker hands a message to another thread once it has been unacked for the
+    visibility timeout, and the claim alone lets `delivering` be claimed again (a
+    worker may have died mid-attempt). So the second thread waits while the first
+    holds the lease, then yields None if the first recorded its outcome (the first
+    owns what comes next: this copy is dropped), or the lease if the first died
+    mid-attempt (the row still says `delivering`). The lease lapses on its own, so a
+    SIGKILLed holder frees it: it lasts one request's deadline plus
+    ATTEMPT_LEASE_SLACK_SECONDS, renewed just before the POST (`attempt_delivery`).
+    """
+    ttl = settings.WEBHOOK_TIMEOUT_SECONDS + ATTEMPT_LEASE_SLACK_SECONDS
+    lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
+    waited = not lease.acquire(blocking=False)
+    if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
+        yield None  # still held (renewed for its request): its holder is alive
+        return
+    try:
+        if waited and not _still_delivering(delivery_id):
+            yield None
+            return
+        try:
+            yield lease
+        except BaseException:
+            # Whatever ended the attempt, the row must not say `delivering` once the lease
+            # is free: a waiting copy would take that for a dead holder and try again.
+            Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).update(
+                status=Delivery.Status.RETRYING
+            )
+            raise
+    finally:
+        with contextlib.suppress(LockError):
+            lease.release()  # lapsed already: nothing to give back
+
+
+def _renewed(lease: Lock) -> bool:
+    """The lease runs a whole request's deadline (and its slack) from now, still ours."""
+    try:
+        return lease.reacquire()
+    except LockError:
+        return False
+
+
+def _still_delivering(delivery_id: str) -> bool:
+    return Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).exists()
 
 
 def claim_delivery(delivery_id: str) -> Delivery | None:
     """Count an attempt; None if the delivery finished meanwhile (a duplicate message).
 
     `delivering` can be claimed again: a worker died mid-attempt and the
-    message came back.
+    message came back (only once its attempt lease is free: `attempt_lease`).
     """
     claimed = (
         Delivery.objects.filter(id=delivery_id)
@@ -160,7 +235,7 @@ def claim_delivery(delivery_id: str) -> Delivery | None:
     return Delivery.objects.select_related("audit__page").get(id=delivery_id)
 
 
-def attempt_delivery(delivery_id: str) -> Outcome:
+def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
     delivery = claim_delivery(delivery_id)
     if delivery is None:
         return Outcome.GONE
@@ -179,6 +254,8 @@ def attempt_delivery(delivery_id: str) -> Outcome:
     # Give a pooled database connection back for the request: a slow receiver
     # must not hold one of the few connections every other thread needs.
     close_old_connections()
+    if lease is not None and not _renewed(lease):
+        raise Transient("the attempt's lease lapsed before its request (the database was slow)")
     try:
         status_code = webhook.post(delivery.url, body=body, headers=headers)
     except (Transient, Permanent) as exc:

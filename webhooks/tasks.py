@@ -64,7 +64,17 @@ class WebhookTask(PlumbTask):
         deliver.mark_failed(str(args[0]), error=f"gave up after {attempts} attempt(s): {exc}")
 
 
-@shared_task(base=WebhookTask, bind=True, name="webhooks.deliver", queue=settings.WEBHOOK_QUEUE)
+SOFT_TIME_LIMIT_SECONDS, TIME_LIMIT_SECONDS = deliver.attempt_time_limits()
+
+
+@shared_task(
+    base=WebhookTask,
+    bind=True,
+    name="webhooks.deliver",
+    queue=settings.WEBHOOK_QUEUE,
+    soft_time_limit=SOFT_TIME_LIMIT_SECONDS,
+    time_limit=TIME_LIMIT_SECONDS,
+)
 def deliver_webhook(self, delivery_id: str) -> None:
     # A destination whose slots are all busy raises RateLimited: the runtime defers it.
     deliver.run_delivery(deliver.parse_delivery_id(delivery_id))

@@ -51,6 +51,8 @@ API_VERSION = "2022-11-28"
 # A cached token this close to expiry is replaced rather than used.
 TOKEN_REFRESH_MARGIN_SECONDS = 300
 MINT_LOCK_TIMEOUT_SECONDS = 30
+# A repository's JSON is a few kilobytes; a longer answer is cut here and fails to parse.
+GITHUB_MAX_BODY_BYTES = 1024 * 1024
 REST_RESOURCE = "core"
 GRAPHQL_RESOURCE = "graphql"
 
@@ -124,7 +126,7 @@ def _send(outbound: OutboundClient, request: httpx.Request, *, key: str, resourc
         return outbound.send(request, key=key, resource=resource)
     except TargetNotAllowed as exc:
         raise Permanent(f"GitHub API: {exc}") from exc
-    except httpx.TransportError as exc:
+    except (httpx.TransportError, httpx.DecodingError) as exc:
         raise Transient(f"GitHub API: {exc.__class__.__name__}: {exc}") from exc
 
 
@@ -224,7 +226,10 @@ class GitHubClient:
     def __init__(self, credentials: GitHubCredentials):
         self.credentials = credentials
         self.outbound = OutboundClient(
-            build_client(timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS), slots=serial_slots()
+            build_client(
+                timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS, max_body_bytes=GITHUB_MAX_BODY_BYTES
+            ),
+            slots=serial_slots(),
         )
         self.tokens = (
             InstallationTokens(credentials, self.outbound) if credentials.uses_app else None

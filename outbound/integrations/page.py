@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from jobs.errors import Permanent, Transient
+from outbound.bounded import TRUNCATED
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
@@ -49,9 +50,10 @@ def fetch_page(
 ) -> FetchedPage:
     """Fetch `url`, following up to five redirects, within `timeout` seconds in all.
 
-    The timeout bounds the whole fetch (every hop and the body), so a server
-    that trickles a body without end still ends the audit on time; the size cap
-    truncates the body rather than failing the audit. A 4xx page is a result to
+    The timeout bounds the whole fetch (every hop, its headers and the body), so a
+    server that trickles headers or a body without end still ends the audit on time;
+    the size cap (on the decoded body: `outbound.bounded`) truncates the body rather
+    than failing the audit. A body Plumb cannot decode raises Permanent. A 4xx page is a result to
     report; a retryable status (5xx, 408, 425, 429) raises Transient with the
     page's Retry-After. Each hop is admitted against its host's rate-limit
     observations first: a host that asked us to wait longer than an inline wait
@@ -61,7 +63,12 @@ def fetch_page(
     started = time.monotonic()
     deadline = started + timeout
     chain = RedirectChain(url)
-    client = shared_client(timeout=timeout, user_agent=user_agent, allow_private=allow_private)
+    client = shared_client(
+        timeout=timeout,
+        user_agent=user_agent,
+        allow_private=allow_private,
+        max_body_bytes=max_bytes,
+    )
     try:
         response = chain.follow(OutboundClient(client), deadline=deadline)
     except TargetNotAllowed as exc:
@@ -103,13 +110,15 @@ def fetch_page(
 def _read_body(
     response: httpx.Response, *, max_bytes: int, deadline: float, timeout: float
 ) -> tuple[bytes, bool]:
+    # The client decodes the body and cuts it at max_bytes, and its reads end at the
+    # deadline (outbound.bounded); the checks here restate both for this loop.
     chunks: list[bytes] = []
     size = 0
     try:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
             size += len(chunk)
-            if size >= max_bytes:
+            if size > max_bytes:
                 return b"".join(chunks)[:max_bytes], True
             if time.monotonic() > deadline:
                 raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}")
@@ -117,4 +126,6 @@ def _read_body(
         raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}") from exc
     except httpx.TransportError as exc:
         raise Transient(f"connection broke reading the body of {response.url}: {exc}") from exc
-    return b"".join(chunks), False
+    except httpx.DecodingError as exc:
+        raise Permanent(f"cannot decode the body of {response.url}: {exc}") from None
+    return b"".join(chunks), bool(response.extensions.get(TRUNCATED))

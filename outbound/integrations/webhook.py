@@ -98,8 +98,11 @@ def host_slot(url: str) -> Iterator[None]:
 
 def post(url: str, *, body: str, headers: dict[str, str]) -> int:
     """POST the body; the 2xx status it was answered with, or Transient/Permanent saying why not."""
+    # WEBHOOK_TIMEOUT_SECONDS is the whole exchange's deadline (outbound.bounded), and
+    # no more of an answer than its excerpt is ever decoded.
     outbound = OutboundClient(
-        shared_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS), rate_limits=False
+        shared_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS, max_body_bytes=ERROR_BODY_BYTES),
+        rate_limits=False,
     )
     request = outbound.http.build_request(
         "POST", url, content=body.encode(), headers={**headers, "Content-Type": "application/json"}
@@ -107,7 +110,8 @@ def post(url: str, *, body: str, headers: dict[str, str]) -> int:
     try:
         response = outbound.send(request, stream=True)
         try:
-            excerpt = _excerpt(response)
+            # A 2xx is delivered whatever its body says: only a failure keeps an excerpt.
+            excerpt = "" if 200 <= response.status_code < 300 else _excerpt(response)
         finally:
             response.close()
     except TargetNotAllowed as exc:
@@ -125,8 +129,11 @@ def post(url: str, *, body: str, headers: dict[str, str]) -> int:
 def _excerpt(response: httpx.Response) -> str:
     """The start of the receiver's answer, kept with a failure."""
     excerpt = b""
-    for chunk in response.iter_bytes():
-        excerpt += chunk
-        if len(excerpt) >= ERROR_BODY_BYTES:
-            break
+    try:
+        for chunk in response.iter_bytes():
+            excerpt += chunk
+            if len(excerpt) >= ERROR_BODY_BYTES:
+                break
+    except httpx.DecodingError:
+        return "(a body Plumb does not decode)"
     return excerpt[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
