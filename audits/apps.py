@@ -7,10 +7,14 @@ class AuditsConfig(AppConfig):
 
     def ready(self):
         # Django's place for wiring that needs the models loaded: the queue's gauges and
-        # the pages that changed.
+        # the pages that changed; what it owes, for the reconciler.
         from audits.admission import queue_gauges
         from audits.pages import change_counts
+        from audits.reconcile import SOURCES
+        from jobs import reconcile
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
         gauges.register("page_changes", change_counts)
+        for source in SOURCES:
+            reconcile.register(source)

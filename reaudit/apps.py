@@ -6,8 +6,13 @@ class ReauditConfig(AppConfig):
     verbose_name = "Nightly re-audit"
 
     def ready(self):
-        # Django's place for wiring that needs the models loaded: the scheduled gauge.
+        # Django's place for wiring that needs the models loaded: the scheduled gauge, and
+        # what a night owes, for the reconciler.
+        from jobs import reconcile
         from observability import gauges
+        from reaudit.reconcile import SOURCES
         from reaudit.services import count_scheduled
 
         gauges.register("scheduled", lambda: {"scheduled": count_scheduled()})
+        for source in SOURCES:
+            reconcile.register(source)

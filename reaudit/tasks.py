@@ -70,11 +70,3 @@ def place(page_id: int, day: str) -> None:
 
 NIGHT_TASKS = services.NightTasks(publish_slice=publish_slice, place=place)
 
-
-@shared_task(
-    base=ReauditTask,
-    name="reaudit.catch_up",
-    queue=settings.REAUDIT_QUEUE,
-)
-def catch_up() -> None:
-    services.catch_up(night_tasks=NIGHT_TASKS)
