@@ -163,9 +163,17 @@ def test_a_night_whose_redis_restarts_empty_mid_window_reaudits_every_page_once(
     assert Placement.objects.filter(fan_out=night, fired_at=None).exists()
 
     private_redis.restart_empty()  # mid-window: the chain and the held placements are gone
+    # A worker holding ETA messages as its broker connection drops can lose its consumer
+    # (kombu's close path restores unacked messages through a closed connection:
+    # AttributeError on `conninfo.hostname`); reconnecting is not this test's subject, so
+    # the workers start afresh, as a process manager would restart them.
+    audits_worker.stop()
+    reaudit.stop()
+    audits_worker = start_worker("audits", pool="threads", concurrency=4, env=env)
+    reaudit = start_worker("reaudit", **reaudit_as_make_run(), env=env)
 
     wait_for(lambda: not Placement.objects.filter(fan_out=night, fired_at=None).exists(),
-             timeout=60, message="every placement to fire", show=[reaudit])  # fmt: skip
+             timeout=60, message="every placement to fire", show=[reaudit, audits_worker])  # fmt: skip
     assert_one_reaudit_per_page_each_at_or_after_its_offset(night)
     wait_for(
         lambda: Audit.objects.filter(trigger="reaudit", status="succeeded").count() == 12,
