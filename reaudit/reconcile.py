@@ -35,8 +35,10 @@ from reaudit.tasks import NIGHT_TASKS
 def nights(window: Window) -> Iterable[FanOut]:
     """Nights that may still owe work: open ones, and those finished lately (a last
     slice's placements fire up to a slice after it was published)."""
-    recent = window.now - timedelta(seconds=settings.RECONCILE_AFTER_SECONDS) - timedelta(
-        seconds=settings.REAUDIT_SLICE_SECONDS
+    recent = (
+        window.now
+        - timedelta(seconds=settings.RECONCILE_AFTER_SECONDS)
+        - timedelta(seconds=settings.REAUDIT_SLICE_SECONDS)
     )
     return FanOut.objects.filter(superseded_at=None).filter(
         Q(finished_at=None) | Q(finished_at__gte=recent)
@@ -82,14 +84,14 @@ def owed_placements(window: Window) -> Iterator[OwedPlacement]:
         unfired = Placement.objects.filter(fan_out=night, fired_at=None, slice_index__in=list(runs))
         if window.redis_lost:
             if window.lost_since is not None:
-                published_since = [i for i, run in runs.items() if run.published_at >= window.lost_since]
+                published_since = [
+                    i for i, run in runs.items() if run.published_at >= window.lost_since
+                ]
                 unfired = unfired.filter(
                     Q(slice_index__in=published_since) | Q(requeued_at__gte=window.lost_since)
                 )
         else:
-            unfired = unfired.filter(
-                Q(requeued_at=None) | Q(requeued_at__lt=window.overdue_before)
-            )
+            unfired = unfired.filter(Q(requeued_at=None) | Q(requeued_at__lt=window.overdue_before))
         rows = unfired.values_list("page_id", "slice_index", "offset_seconds")
         for page_id, index, offset in rows[:BATCH]:
             due = services.due_time(night, runs[index], offset)

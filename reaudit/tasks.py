@@ -69,4 +69,3 @@ def place(page_id: int, day: str) -> None:
 
 
 NIGHT_TASKS = services.NightTasks(publish_slice=publish_slice, place=place)
-

@@ -9,7 +9,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs import reconcile
-from jobs.models import ReconcileMark
 
 
 def reconciled_now(

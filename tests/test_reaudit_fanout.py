@@ -21,8 +21,8 @@ from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.offsets import domain_offset
 from reaudit.tasks import NIGHT_TASKS
 from tests.broker import queued
-from tests.reconciling import reconciled_now
 from tests.reaudit_factories import DAY, domain_due_between, make_pages
+from tests.reconciling import reconciled_now
 from tests.workers import ROOT
 
 pytestmark = pytest.mark.usefixtures("transactional_db")

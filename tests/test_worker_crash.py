@@ -11,9 +11,10 @@ import pytest
 
 from audits import submission
 from audits.models import Audit, Page
-from audits.tasks import enqueue_audit, run_audit
+from audits.tasks import run_audit
 from jobs.models import DeadLetter
 from outbound.urls import normalize_url
+from tests.reconciling import reconciled_now
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 

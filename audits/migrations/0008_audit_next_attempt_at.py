@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('audits', '0007_page_worse_and_changed_indexes'),
+        ("audits", "0007_page_worse_and_changed_indexes"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='audit',
-            name='next_attempt_at',
+            model_name="audit",
+            name="next_attempt_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

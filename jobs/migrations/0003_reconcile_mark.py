@@ -4,18 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0002_own_table_names'),
+        ("jobs", "0002_own_table_names"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReconcileMark',
+            name="ReconcileMark",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('server', models.CharField(blank=True, help_text="The Redis server's run_id.", max_length=64)),
-                ('at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "server",
+                    models.CharField(
+                        blank=True, help_text="The Redis server's run_id.", max_length=64
+                    ),
+                ),
+                ("at", models.DateTimeField()),
             ],
         ),
     ]

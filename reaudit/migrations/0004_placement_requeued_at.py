@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('reaudit', '0003_placement_unfired_by_page'),
+        ("reaudit", "0003_placement_unfired_by_page"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='placement',
-            name='requeued_at',
+            model_name="placement",
+            name="requeued_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -127,7 +127,9 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     checking = accepted_without_a_message("https://example.org/c", age_seconds=1)
     Audit.objects.filter(id=checking.id).update(status=Audit.Status.CHECKING_LINKS)
     check = LinkCheck.objects.create(audit=checking, url="https://x.test/", task_id="check-1")
-    pending, _ = deliver.create_delivery(finished_audit_with_callback("https://r.test/", number=1).id)
+    pending, _ = deliver.create_delivery(
+        finished_audit_with_callback("https://r.test/", number=1).id
+    )
     backing_off, _ = deliver.create_delivery(
         finished_audit_with_callback("https://r.test/", number=2).id
     )

@@ -123,7 +123,9 @@ def test_forty_accepted_audits_all_succeed_after_redis_came_back_empty(
     audits = []
     for number in range(40):
         # Accepted as the API accepts: the row, then its message.
-        page = submission.get_or_create_page(normalize_url(f"{site.base_url}/slow?delay=0.5&n={number}"))
+        page = submission.get_or_create_page(
+            normalize_url(f"{site.base_url}/slow?delay=0.5&n={number}")
+        )
         audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
         private_redis.publish("audits.run_audit", [str(audit.id)], task_id=audit.task_id,
                               queue="audits")  # fmt: skip
