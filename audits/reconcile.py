@@ -56,7 +56,7 @@ def owed_audits(window: Window) -> Iterable[OwedAudit]:
     rows = Audit.objects.filter(owed).order_by("created_at")
     for audit_id, task_id, attempts, status, due_at in rows.values_list(
         "id", "task_id", "attempts", "status", "next_attempt_at"
-    )[:BATCH]:
+    )[: window.limit].iterator(chunk_size=BATCH):
         yield OwedAudit(
             str(audit_id), task_id, attempts, due_at if status == Audit.Status.RETRYING else None
         )
@@ -88,7 +88,9 @@ def owed_link_checks(window: Window) -> Iterable[OwedLinkCheck]:
         audit__status=Audit.Status.CHECKING_LINKS,
         status__in=LinkCheck.UNFINISHED,
     )
-    for check_id, task_id, retry_at in rows.values_list("id", "task_id", "retry_at")[:BATCH]:
+    for check_id, task_id, retry_at in rows.values_list("id", "task_id", "retry_at")[
+        : window.limit
+    ].iterator(chunk_size=BATCH):
         yield OwedLinkCheck(check_id, task_id, retry_at)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,8 +58,12 @@ LOCK_KEY = "jobs:reconcile:lock"
 MARK_MARGIN_SECONDS = 60.0
 # A due time this close is not worth a trip through the delayed store.
 PUBLISH_NOW_WITHIN_SECONDS = 1.0
-# Rows a source reads in one tick: a larger loss takes a few ticks, memory stays flat.
+# Rows a source publishes again in one tick by the age rule (each then carries its
+# `requeued_at`, so the next tick goes on from there). After Redis lost data a tick
+# publishes everything owed, streamed in chunks of this size.
 BATCH = 1000
+# Held while a tick runs; a tick that ends early lets the lock lapse at the interval.
+LOCK_LONGEST_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,12 @@ class Window:
     redis_lost: bool
     lost_since: datetime | None
     overdue_before: datetime
+
+    @property
+    def limit(self) -> int | None:
+        """How many rows a source reads: all of them after a loss (the tick is not done
+        until everything owed is out), else a batch."""
+        return None if self.redis_lost else BATCH
 
     def since(self, *fields: str) -> Q:
         """Rows with any of `fields` at or after `lost_since` (all rows when it is None)."""
@@ -100,7 +111,7 @@ class Window:
 class OwedWork:
     """One kind of job an app owes, as its rows record it.
 
-    owed(window) returns the rows to publish again (at most BATCH of them a tick);
+    owed(window) returns the rows to publish again (at most `window.limit` of them);
     republish(row) publishes one and says whether the broker took it (False ends the
     tick: the broker is down, the next tick tries again).
     """
@@ -123,6 +134,9 @@ def sources() -> list[OwedWork]:
 
 
 # --- Publishing one owed job ----------------------------------------------------------
+
+# What a publish raises while the broker is away.
+PUBLISH_ERRORS = (kombu.exceptions.OperationalError, redis.RedisError, OSError)
 
 
 def publish_owed(
@@ -151,7 +165,7 @@ def publish_owed(
             (app or current_app).send_task(
                 task_name, args=args, task_id=task_id, queue=queue, retries=retries
             )
-    except (kombu.exceptions.OperationalError, redis.RedisError, OSError) as exc:
+    except PUBLISH_ERRORS as exc:
         log.warning("reconcile.publish_failed", extra={"task": task_name, "error": repr(exc)})
         return False
     return True
@@ -242,8 +256,16 @@ def _republish(source: OwedWork, window: Window) -> tuple[int, bool]:
 def tick(client: redis.Redis) -> Reconciled | None:
     """A worker thread's tick: reconcile unless another worker did in this interval."""
     interval = settings.RECONCILE_INTERVAL_SECONDS
-    # The lock lapses by itself before the next interval: a worker that dies holding it
-    # delays reconciliation by one interval, no more.
-    if not client.set(LOCK_KEY, uuid.uuid4().hex, nx=True, px=int(interval * 900)):
+    # Held for the whole tick (a large loss takes a while to publish), then left to lapse
+    # by the next interval, so the cluster ticks about once an interval.
+    if not client.set(LOCK_KEY, uuid.uuid4().hex, nx=True, px=int(LOCK_LONGEST_SECONDS * 1000)):
         return None
-    return reconcile(client=client)
+    started = time.monotonic()
+    try:
+        return reconcile(client=client)
+    finally:
+        remaining = 0.9 * interval - (time.monotonic() - started)
+        if remaining > 0.001:
+            client.pexpire(LOCK_KEY, int(remaining * 1000))
+        else:
+            client.delete(LOCK_KEY)

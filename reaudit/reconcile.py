@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.reconcile import BATCH, OwedWork, Window
+from jobs.reconcile import BATCH, PUBLISH_ERRORS, OwedWork, Window
 from reaudit import services
 from reaudit.models import FanOut, Placement
 from reaudit.tasks import NIGHT_TASKS
@@ -64,7 +64,10 @@ def owed_slices(window: Window) -> Iterator[OwedSlice]:
 
 def republish_slice(owed: OwedSlice) -> bool:
     # Held as an ETA until its planned start, as the chain would have.
-    services.schedule_slice(NIGHT_TASKS, owed.day, owed.index, planned_at=owed.planned_at)
+    try:
+        services.schedule_slice(NIGHT_TASKS, owed.day, owed.index, planned_at=owed.planned_at)
+    except PUBLISH_ERRORS:
+        return False  # the broker is down: the next tick tries again
     return True
 
 
@@ -93,7 +96,7 @@ def owed_placements(window: Window) -> Iterator[OwedPlacement]:
         else:
             unfired = unfired.filter(Q(requeued_at=None) | Q(requeued_at__lt=window.overdue_before))
         rows = unfired.values_list("page_id", "slice_index", "offset_seconds")
-        for page_id, index, offset in rows[:BATCH]:
+        for page_id, index, offset in rows[: window.limit].iterator(chunk_size=BATCH):
             due = services.due_time(night, runs[index], offset)
             overdue = due < window.overdue_before
             if window.redis_lost or overdue:
@@ -103,10 +106,16 @@ def owed_placements(window: Window) -> Iterator[OwedPlacement]:
 def republish_placement(owed: OwedPlacement) -> bool:
     # Overdue: at once. Otherwise (Redis lost it) held until it is due, as its slice had it.
     eta = None if owed.overdue or owed.due_at <= timezone.now() else owed.due_at
-    services.publish_placement(NIGHT_TASKS, owed.page_id, owed.day, eta=eta)
-    Placement.objects.filter(fan_out__day=owed.day, page_id=owed.page_id, fired_at=None).update(
-        requeued_at=timezone.now()
-    )
+    try:
+        services.publish_placement(NIGHT_TASKS, owed.page_id, owed.day, eta=eta)
+    except PUBLISH_ERRORS:
+        return False
+    if owed.overdue:
+        # Not again by the age rule for RECONCILE_AFTER_SECONDS. (One due later, put back
+        # after a loss, needs no stamp: it is not overdue before it is due.)
+        Placement.objects.filter(fan_out__day=owed.day, page_id=owed.page_id, fired_at=None).update(
+            requeued_at=timezone.now()
+        )
     return True
 
 

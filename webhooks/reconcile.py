@@ -52,7 +52,7 @@ def owed_deliveries(window: Window) -> Iterable[OwedDelivery]:
     rows = Delivery.objects.filter(owed).order_by("created_at")
     for delivery_id, task_id, attempts, status, due_at in rows.values_list(
         "id", "task_id", "attempts", "status", "next_attempt_at"
-    )[:BATCH]:
+    )[: window.limit].iterator(chunk_size=BATCH):
         due_at = due_at if status == Delivery.Status.RETRYING else None
         yield OwedDelivery(str(delivery_id), task_id, attempts, status, due_at)
 

@@ -172,3 +172,31 @@ def test_after_a_failover_only_what_was_written_since_the_replica_s_mark_goes_ba
     assert result.redis_lost and result.republished == {"audits": 1}
     assert [m.id for m in queued(redis_client, "audits")] == [recent.task_id]
     assert Audit.objects.get(id=old.id).requeued_at is None
+
+
+@pytest.mark.django_db
+def test_after_a_loss_one_tick_publishes_everything_owed_by_age_a_batch_a_tick(
+    redis_client, monkeypatch
+):
+    monkeypatch.setattr(reconcile, "BATCH", 2)
+    for n in range(5):
+        accepted_without_a_message(f"https://example.org/{n}", age_seconds=900)
+
+    # Redis forgot: the tick is not done until all five are out (its mark says so).
+    assert reconciled_now(redis_lost=True).republished == {"audits": 5}
+    redis_client.delete("audits")
+    Audit.objects.update(requeued_at=None)
+    # Lost one by one, Redis intact: two a tick, each tick going on from the last.
+    counts = [reconciled_now(overdue_after=600).republished.get("audits", 0) for _ in range(4)]
+    assert counts == [2, 2, 1, 0]
+    assert len(queued(redis_client, "audits")) == 5
+
+
+@pytest.mark.django_db
+def test_one_worker_a_tick_does_the_work(redis_client, settings):
+    settings.RECONCILE_INTERVAL_SECONDS = 0.3
+    assert reconcile.tick(redis_client) is not None
+    # Another worker's thread, in the same interval: the lock says it is done.
+    assert reconcile.tick(redis_client) is None
+    # The next interval: a tick again.
+    wait_for(lambda: reconcile.tick(redis_client) is not None, timeout=5, message="a next tick")
