@@ -8,7 +8,9 @@ is down, or a Redis that comes back empty or behind. The rows say what is owed:
 - an audit `retrying`: its wait (a held retry, or a delayed-store entry: a backoff, a
   breaker park, a rate-limit deferral) is due at `next_attempt_at`;
 - an audit `running` long past its attempt's start: longer than any hard time limit,
-  so its worker died and its message went with a Redis that restarted;
+  so its worker died and its message went with a Redis that restarted (after Redis
+  lost data, every running audit is given a copy due when its hard time limit ends:
+  its worker may have died with Redis);
 - a link check unfinished while its audit is `checking_links` (only after Redis lost
   data: otherwise the audit's link-check deadline finishes the audit sooner).
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -42,24 +44,32 @@ class OwedAudit:
 
 def owed_audits(window: Window) -> Iterable[OwedAudit]:
     queued, retrying = Q(status=Audit.Status.QUEUED), Q(status=Audit.Status.RETRYING)
+    running = Q(status=Audit.Status.RUNNING)
     if window.redis_lost:
-        owed = queued & window.since("created_at", "requeued_at") | retrying & window.since(
-            "next_attempt_at", "requeued_at"
+        owed = (
+            queued & window.since("created_at", "requeued_at")
+            | retrying & window.since("next_attempt_at", "requeued_at")
+            | running & window.since("started_at", "requeued_at")
         )
     else:
         owed = (
             queued & window.overdue("created_at", republished="requeued_at")
-            | Q(status=Audit.Status.RUNNING)
-            & window.overdue("started_at", republished="requeued_at")
+            | running & window.overdue("started_at", republished="requeued_at")
             | retrying & window.overdue("next_attempt_at", republished="requeued_at")
         )
+    # A running attempt whose message Redis lost still finishes if its worker lives; its
+    # copy waits out the hard time limit, then finds the audit finished (or runs it).
+    attempt_limit = timedelta(seconds=run_audit.time_limit)
     rows = Audit.objects.filter(owed).order_by("created_at")
-    for audit_id, task_id, attempts, status, due_at in rows.values_list(
-        "id", "task_id", "attempts", "status", "next_attempt_at"
+    for audit_id, task_id, attempts, status, next_attempt_at, started_at in rows.values_list(
+        "id", "task_id", "attempts", "status", "next_attempt_at", "started_at"
     )[: window.limit].iterator(chunk_size=BATCH):
-        yield OwedAudit(
-            str(audit_id), task_id, attempts, due_at if status == Audit.Status.RETRYING else None
-        )
+        due_at = None
+        if status == Audit.Status.RETRYING:
+            due_at = next_attempt_at
+        elif status == Audit.Status.RUNNING and window.redis_lost and started_at is not None:
+            due_at = started_at + attempt_limit
+        yield OwedAudit(str(audit_id), task_id, attempts, due_at)
 
 
 def republish_audit(audit: OwedAudit) -> bool:

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from audits import submission
 from audits.models import Audit, LinkCheck
+from audits.tasks import run_audit
 from jobs import delayed, reconcile
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
@@ -122,6 +123,9 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     queued_audit = accepted_without_a_message("https://example.org/q", age_seconds=1)
     waiting = retrying(accepted_without_a_message("https://example.org/w", age_seconds=1),
                        due_in=300)  # fmt: skip
+    in_flight = accepted_without_a_message("https://example.org/r", age_seconds=1)
+    Audit.objects.filter(id=in_flight.id).update(status=Audit.Status.RUNNING,
+                                                 started_at=timezone.now(), attempts=1)  # fmt: skip
     done = accepted_without_a_message("https://example.org/done", age_seconds=1)
     Audit.objects.filter(id=done.id).update(status=Audit.Status.SUCCEEDED)
     checking = accepted_without_a_message("https://example.org/c", age_seconds=1)
@@ -139,14 +143,18 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     result = reconciled_now(redis_lost=True)
 
     assert result.redis_lost
-    assert result.republished == {"audits": 1 + 1, "link_checks": 1, "webhook_deliveries": 2}
+    assert result.republished == {"audits": 3, "link_checks": 1, "webhook_deliveries": 2}
     # Owed now: in their queues at once.
     assert {m.id for m in queued(redis_client, "audits")} == {queued_audit.task_id, check.task_id}
     assert [m.id for m in queued(redis_client, "webhooks")] == [pending.task_id]
     # Owed later: back in the delayed store, due when they were, with their attempts.
     stored = {entry.task_id: (entry, due) for entry, due in
               delayed.entries("audits") + delayed.entries("webhooks")}  # fmt: skip
-    assert set(stored) == {waiting.task_id, backing_off.task_id}
+    assert set(stored) == {waiting.task_id, backing_off.task_id, in_flight.task_id}
+    # One running may have lost its worker with Redis: a copy once its time limit is over.
+    entry, due = stored[in_flight.task_id]
+    started = Audit.objects.get(id=in_flight.id).started_at.timestamp()
+    assert entry.retries == 1 and due == pytest.approx(started + run_audit.time_limit, abs=2)
     entry, due = stored[waiting.task_id]
     assert entry.retries == 2 and due == pytest.approx(waiting.next_attempt_at.timestamp(), abs=2)
     entry, due = stored[backing_off.task_id]

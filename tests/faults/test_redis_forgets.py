@@ -179,5 +179,7 @@ def test_a_night_whose_redis_restarts_empty_mid_window_reaudits_every_page_once(
     assert_one_reaudit_per_page_each_at_or_after_its_offset(night)
     wait_for(
         lambda: Audit.objects.filter(trigger="reaudit", status="succeeded").count() == 12,
-        timeout=60, message="every re-audit to succeed", show=[audits_worker, reaudit],
+        # An audit running in a worker stopped above comes back once its hard time limit
+        # (70 s) is over.
+        timeout=120, message="every re-audit to succeed", show=[audits_worker, reaudit],
     )  # fmt: skip
