@@ -7,14 +7,18 @@ class AuditsConfig(AppConfig):
 
     def ready(self):
         # Django's place for wiring that needs the models loaded: the queue's gauges, its
-        # admission limit (so an alert can compare the backlog with it) and the pages that
-        # changed.
+        # admission limit (so an alert can compare the backlog with it), the pages that
+        # changed, and what it owes, for the reconciler.
         from django.conf import settings
 
         from audits.admission import queue_gauges
         from audits.pages import change_counts
+        from audits.reconcile import SOURCES
+        from jobs import reconcile
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
         gauges.register("page_changes", change_counts)
         gauges.register("admission_limit", lambda: {"max_depth": settings.AUDIT_QUEUE_MAX_DEPTH})
+        for source in SOURCES:
+            reconcile.register(source)

@@ -173,8 +173,11 @@ class Audit(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Set when the reconciler published a stuck `queued` audit again (audits.reconcile).
+    # Set when the reconciler published the audit again (audits.reconcile).
     requeued_at = models.DateTimeField(null=True, blank=True)
+    # While `retrying`: when its wait (held in Redis) is due, so a Redis that lost it
+    # can be given it back (jobs.reconcile).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     # Set when an audit succeeds (audits.changes): None for the page's first success,
     # else the list of changes since its previous succeeded audit.

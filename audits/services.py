@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -82,20 +83,27 @@ def execute_audit(audit_id: str) -> list[QueuedCheck]:
     return queued
 
 
-def mark_waiting(audit_id: str, error: str, *, attempt_spent: bool) -> None:
-    """The audit waits (a retry, a rate limit, an open breaker): `retrying`, saying why.
+def mark_waiting(audit_id: str, error: str, *, attempt_spent: bool, seconds: float) -> None:
+    """The audit waits (a retry, a rate limit, an open breaker): `retrying`, saying why
+    and until when (`next_attempt_at`: the wait lives in Redis, the row says it is owed).
 
     A run that waits without spending an attempt (a rate limit) gives back the one
     its claim counted; an audit parked before it ran (an open breaker) was never claimed.
     """
+    waiting = {
+        "status": Audit.Status.RETRYING,
+        "error": error,
+        "next_attempt_at": timezone.now() + timedelta(seconds=seconds),
+    }
+    # Not yet running (parked before its claim): in this order, one row is written once.
+    Audit.objects.filter(
+        id=audit_id, status__in=(Audit.Status.QUEUED, Audit.Status.RETRYING)
+    ).update(**waiting)
     running = Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING)
     if attempt_spent:
-        running.update(status=Audit.Status.RETRYING, error=error)
+        running.update(**waiting)
     else:
-        running.update(status=Audit.Status.RETRYING, error=error, attempts=F("attempts") - 1)
-    Audit.objects.filter(id=audit_id, status=Audit.Status.QUEUED).update(
-        status=Audit.Status.RETRYING, error=error
-    )
+        running.update(**waiting, attempts=F("attempts") - 1)
 
 
 def reset_failed_audit(audit_id: str) -> Audit | None:

@@ -17,7 +17,7 @@ from django.db import transaction
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from audits import linkcheck, reconcile, services
+from audits import linkcheck, services
 from audits.linkcheck import QueuedCheck
 from audits.models import Audit
 from jobs.errors import CannotReplay, MalformedTaskMessage
@@ -39,10 +39,10 @@ LINK_CHECK_TIME_LIMIT_SECONDS = (
 HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS = 60
 HOUSEKEEPING_TIME_LIMIT_SECONDS = 90
 
-AUDIT_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE)
+AUDIT_POLICY = RetryPolicy()
 LINK_CHECK_POLICY = RetryPolicy()
 # Housekeeping: not the product's work, so not counted as jobs.
-HOUSEKEEPING_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE, counts_as_job=False)
+HOUSEKEEPING_POLICY = RetryPolicy(counts_as_job=False)
 
 
 class AuditTask(PlumbTask):
@@ -66,8 +66,9 @@ class AuditTask(PlumbTask):
     def before_wait(self, reason, seconds, *, why, args, kwargs):
         try:
             services.mark_waiting(
-                args[0], f"waiting ({reason}): {why}", attempt_spent=reason == RETRY
-            )
+                args[0], f"waiting ({reason}): {why}", attempt_spent=reason == RETRY,
+                seconds=seconds,
+            )  # fmt: skip
         except DATABASE_UNAVAILABLE:
             # The wait must still be stored when the database is what failed.
             log.warning("audit.wait_not_recorded", extra={"audit_id": args[0]})
@@ -142,17 +143,6 @@ def finish_overdue_link_checks() -> None:
     linkcheck.finish_overdue_link_checks()
 
 
-@shared_task(
-    base=HousekeepingTask,
-    name="audits.requeue_stuck_audits",
-    queue=settings.AUDIT_QUEUE,
-    soft_time_limit=HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS,
-    time_limit=HOUSEKEEPING_TIME_LIMIT_SECONDS,
-)
-def requeue_stuck_audits() -> int:
-    return reconcile.requeue_stuck_audits(enqueue=enqueue_audit)
-
-
 # --- Publishing ------------------------------------------------------------------
 
 
@@ -161,7 +151,7 @@ def enqueue_audit(audit: Audit) -> bool:
 
     Runs after the row is committed, so a failure here must not fail the request that
     created it: the audit is accepted, and the reconciler (audits.reconcile) publishes
-    it again once the broker is back.
+    it again once the broker is back (audits.reconcile).
     """
     try:
         run_audit.apply_async(

@@ -69,7 +69,7 @@ STACK_ENV = {
     # A message popped by a worker killed before it recorded it as unacked is gone
     # (kombu's Redis transport has that window): the reconciler publishes the audit
     # again after this long (default 600 s; above the 65 s hard time limit here).
-    "AUDIT_REQUEUE_AFTER_SECONDS": "120",
+    "RECONCILE_AFTER_SECONDS": "120",
     "AUDITS_WORKER_CONCURRENCY": "4",
     # Two, whatever the cores: one is killed while the other works.
     "AUDITS_WORKER_PROCESSES": "2",

@@ -20,9 +20,11 @@ app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # The worker's own threads, one bootstep each: every worker wakes its queue's delayed
-# jobs, and one of them samples the gauges each minute for the dashboard.
+# jobs, one of them samples the gauges each minute for the dashboard, and one a tick
+# publishes again what Redis lost (jobs.reconcile).
 app.steps["worker"].add("jobs.bootsteps:DelayedWaker")
 app.steps["worker"].add("jobs.bootsteps:MinuteSampler")
+app.steps["worker"].add("jobs.bootsteps:Reconciler")
 app.steps["worker"].add("jobs.bootsteps:TimeLimitWatchdog")
 
 

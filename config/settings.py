@@ -289,8 +289,6 @@ AUDIT_MAX_ATTEMPTS = env_int("AUDIT_MAX_ATTEMPTS", 5, minimum=1)
 AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
-# An audit `queued` this long has lost its message (see audits.reconcile); publish it again.
-AUDIT_REQUEUE_AFTER_SECONDS = env_int("AUDIT_REQUEUE_AFTER_SECONDS", 600, minimum=10)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 
@@ -326,11 +324,6 @@ if any(_github_app) and not all(_github_app):
 
 # Periodic tasks, each on an explicit queue (beat syncs these into its database schedule).
 CELERY_BEAT_SCHEDULE = {
-    "requeue-stuck-audits": {
-        "task": "audits.requeue_stuck_audits",
-        "schedule": 60.0,
-        "options": {"queue": AUDIT_QUEUE, "expires": 60.0},
-    },
     "finish-overdue-link-checks": {
         "task": "audits.finish_overdue_link_checks",
         "schedule": 10.0,
@@ -392,6 +385,12 @@ BREAKER_OPEN_SECONDS = env_float("BREAKER_OPEN_SECONDS", 30.0, minimum=0.1)
 BREAKER_HALF_OPEN_PROBES = env_int("BREAKER_HALF_OPEN_PROBES", 3, minimum=1)
 # How often each worker wakes the due entries of its queue's delayed store (jobs.delayed).
 DELAYED_POLL_INTERVAL_SECONDS = env_float("DELAYED_POLL_INTERVAL_SECONDS", 0.25, minimum=0.01)
+# The reconciler (jobs.reconcile): one worker a tick publishes again what PostgreSQL says
+# is owed and Redis lost. A Redis back empty or behind is caught at the next tick; a
+# single lost message once its row is still owed RECONCILE_AFTER_SECONDS past its due
+# time (above the longest normal queue wait and any attempt's hard time limit).
+RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 15.0, minimum=0.1)
+RECONCILE_AFTER_SECONDS = env_int("RECONCILE_AFTER_SECONDS", 600, minimum=10)
 
 # --- Logging ------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()

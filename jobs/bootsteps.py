@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connections
 
 from config.redis import dedicated_client
-from jobs import delayed, timelimits
+from jobs import delayed, reconcile, timelimits
 from observability import sampler
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,23 @@ class DelayedWaker(WorkerThread):
             woken = delayed.wake_due(queue, client=client, app=worker.app)
             if woken:
                 log.info("delayed.woken", extra={"queue": queue, "count": woken})
+
+
+class Reconciler(WorkerThread):
+    """Publishes again what PostgreSQL says is owed and Redis lost (jobs.reconcile).
+
+    Every worker runs one; a lock in Redis lets one of them a tick do the work, so the
+    reconciler lives as long as any worker does and needs no beat.
+    """
+
+    label = "Owed-work reconciler"
+    thread_name = "reconciler"
+
+    def interval(self) -> float:
+        return settings.RECONCILE_INTERVAL_SECONDS * random.uniform(0.8, 1.2)
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        reconcile.tick(client)
 
 
 class MinuteSampler(WorkerThread):

@@ -71,3 +71,14 @@ class CircuitBreaker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name} → {self.host}"
+
+
+class ReconcileMark(models.Model):
+    """The mark the reconciler last left in Redis (jobs.reconcile), kept here too: a Redis
+    without a mark it was given has forgotten, where one that was never given one is new."""
+
+    server = models.CharField(max_length=64, blank=True, help_text="The Redis server's run_id.")
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.server or 'unknown server'} at {self.at.isoformat()}"

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import kombu.exceptions
+import redis.exceptions
 from django import db
 from django.conf import settings
 
@@ -31,6 +33,17 @@ from jobs.errors import Transient
 
 # The database is down or unreachable: worth retrying, never the downstream's fault.
 DATABASE_UNAVAILABLE = (db.OperationalError, db.InterfaceError)
+# Plumb's own infrastructure is away: the database, Redis (down, or a master a failover
+# demoted: READONLY) or the broker. Every job retries these, and no breaker counts them
+# (only `Transient`, a downstream's failure, does). An attempt that met a Redis blip was
+# dead-lettered before, as if the page were at fault.
+INFRASTRUCTURE_UNAVAILABLE = (
+    *DATABASE_UNAVAILABLE,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    kombu.exceptions.OperationalError,
+)
 
 JITTER_LOW, JITTER_HIGH = 0.75, 1.25
 # A breaker spaces its releases itself; the jitter only breaks ties within a second.
@@ -57,7 +70,8 @@ class RetryPolicy:
     defer_base/max   backoff for a deferral nobody gave a time for (a busy host)
     countdowns_held  short retries ride in the broker as ETA messages a worker holds; False
                      keeps every wait in the delayed store (a worker holds only what it runs)
-    retry_on         errors worth a retry besides `Transient` (a database outage)
+    retry_on         errors worth a retry besides `Transient` (Plumb's own database, Redis
+                     or broker away: INFRASTRUCTURE_UNAVAILABLE)
     counts_as_job    the product's work (audits, link checks, deliveries): counted in
                      the attempt, completion and unique-job metrics; housekeeping is not
     """
@@ -69,7 +83,7 @@ class RetryPolicy:
     defer_base: float = 0.25
     defer_max: Callable[[], float] = _setting("RETRY_BACKOFF_MAX_SECONDS")
     countdowns_held: bool = True
-    retry_on: tuple[type[BaseException], ...] = field(default=())
+    retry_on: tuple[type[BaseException], ...] = field(default=INFRASTRUCTURE_UNAVAILABLE)
     counts_as_job: bool = True
 
     def retries(self, exc: BaseException | None) -> bool:

@@ -44,8 +44,8 @@ from jobs import backlog, breakers, deadletters, delayed, instrumentation, timel
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient
 from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
 from jobs.policy import (
-    DATABASE_UNAVAILABLE,
     DEFERRAL,
+    INFRASTRUCTURE_UNAVAILABLE,
     PARK,
     RETRY,
     RetryPolicy,
@@ -131,7 +131,7 @@ class PlumbTask(Task):
         self._check_arguments(args, kwargs)
         try:
             host = self.downstream_host(args, kwargs)
-        except DATABASE_UNAVAILABLE as exc:
+        except INFRASTRUCTURE_UNAVAILABLE as exc:
             # The database, not the message, is at fault: try again like any outage.
             return self._after_error(exc)
         permit = self._permit(host)

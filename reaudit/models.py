@@ -59,6 +59,8 @@ class Placement(models.Model):
     offset_seconds = models.FloatField()
     slice_index = models.PositiveIntegerField()
     fired_at = models.DateTimeField(null=True, blank=True)
+    # Set when the reconciler published the placement again (reaudit.reconcile).
+    requeued_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["fan_out", "offset_seconds"]

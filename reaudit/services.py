@@ -22,7 +22,6 @@ from itertools import islice
 from celery import Task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from audits.models import Audit, Page
@@ -240,14 +239,14 @@ def _publish_placements(night_tasks: NightTasks, night: FanOut, run: SliceRun) -
     app = night_tasks.place.app
     with app.producer_or_acquire() as producer, producer.batch(max_size=BATCH_SIZE):
         for page_id, offset in placements:
-            _publish_placement(
+            publish_placement(
                 night_tasks, page_id, night.day, eta=due_time(night, run, offset), producer=producer
             )
             published += 1
     return published
 
 
-def _publish_placement(
+def publish_placement(
     night_tasks: NightTasks, page_id: int, day: date, *, eta: datetime | None, producer=None
 ) -> None:
     night_tasks.place.apply_async(
@@ -264,7 +263,7 @@ def due_time(night: FanOut, run: SliceRun, offset_seconds: float) -> datetime:
     return run.starts_at + timedelta(seconds=offset_seconds - run.index * night.slice_seconds)
 
 
-def _next_slice(night: FanOut) -> tuple[int, datetime] | None:
+def next_slice(night: FanOut) -> tuple[int, datetime] | None:
     """The slice an open night's chain is waiting for, and when it is planned to start."""
     if not night.is_open:
         return None
@@ -285,69 +284,13 @@ def resume(night: FanOut, *, night_tasks: NightTasks) -> int | None:
     next one scheduled); it restarts a chain whose message was lost. Returns the
     slice published, or None for a finished or superseded night.
     """
-    waiting_for = _next_slice(night)
+    waiting_for = next_slice(night)
     if waiting_for is None:
         return None
     index, planned = waiting_for
     schedule_slice(night_tasks, night.day, index, planned_at=planned)
     log.info("reaudit.resumed", extra={"day": night.day.isoformat(), "slice": index})
     return index
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    resumed: list[tuple[date, int]]
-    republished: int
-
-
-def catch_up(now: datetime | None = None, *, night_tasks: NightTasks) -> CatchUp:
-    """Recover what the broker lost: a stalled slice chain, placements that never fired.
-
-    A message a dead worker held comes back by itself once it has been unacked
-    for the visibility timeout. One that is gone for good does not: a worker
-    SIGKILLed between taking it off the list (BRPOP) and recording it as unacked,
-    or a Redis that lost its data. So the catch-up beat entry looks for work
-    overdue by 1.5 visibility timeouts and publishes it again, due at once.
-    Slices and placements are idempotent: a message merely slow costs a duplicate.
-    """
-    now = now or timezone.now()
-    grace = timedelta(seconds=1.5 * settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS)
-    nights = FanOut.objects.filter(superseded_at=None).filter(
-        Q(finished_at=None) | Q(finished_at__gte=now - 2 * grace)
-    )
-    resumed: list[tuple[date, int]] = []
-    republished = 0
-    for night in nights:
-        waiting_for = _next_slice(night)
-        if waiting_for is not None and waiting_for[1] + grace < now:
-            resumed.append((night.day, resume(night, night_tasks=night_tasks)))
-        republished += _republish_lost_placements(night_tasks, night, overdue_before=now - grace)
-    if resumed or republished:
-        log.warning(
-            "reaudit.caught_up",
-            extra={"resumed": [f"{d}#{i}" for d, i in resumed], "republished": republished},
-        )
-    return CatchUp(resumed=resumed, republished=republished)
-
-
-def _republish_lost_placements(
-    night_tasks: NightTasks, night: FanOut, *, overdue_before: datetime
-) -> int:
-    runs = {run.index: run for run in night.slice_runs.filter(published_at__lt=overdue_before)}
-    if not runs:
-        return 0
-    # Unfired placements of published slices: normally just those a worker holds now.
-    unfired = (
-        Placement.objects.filter(fan_out=night, fired_at=None, slice_index__in=list(runs))
-        .values_list("page_id", "slice_index", "offset_seconds")
-        .iterator(chunk_size=BATCH_SIZE)
-    )
-    republished = 0
-    for page_id, index, offset in unfired:
-        if due_time(night, runs[index], offset) < overdue_before:
-            _publish_placement(night_tasks, page_id, night.day, eta=None)
-            republished += 1
-    return republished
 
 
 def fire_placement(page_id: int, day: date) -> Audit | None:

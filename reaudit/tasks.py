@@ -8,24 +8,12 @@ from __future__ import annotations
 
 from datetime import date, datetime
 
-import kombu.exceptions
-import redis.exceptions
 from celery import shared_task
-from django import db
 from django.conf import settings
 
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 from reaudit import services
-
-# Lost connections are worth another attempt; anything else is a bug to see.
-TRANSIENT_ERRORS = (
-    db.OperationalError,
-    db.InterfaceError,
-    kombu.exceptions.OperationalError,
-    redis.exceptions.ConnectionError,
-)
-
 
 # A fan-out of 100,000 pages is one transaction of 8 to 10 s, a slice publishes its
 # placements, a placement creates one audit: the limits leave ten times that for a slow
@@ -38,7 +26,7 @@ PLACEMENT_LIMITS = {"soft_time_limit": 60, "time_limit": 90}
 
 class ReauditTask(PlumbTask):
     # Placing tonight's work is housekeeping: the audit it creates is the job.
-    policy = RetryPolicy(retry_on=TRANSIENT_ERRORS, counts_as_job=False)
+    policy = RetryPolicy(counts_as_job=False)
 
 
 @shared_task(
@@ -81,13 +69,3 @@ def place(page_id: int, day: str) -> None:
 
 
 NIGHT_TASKS = services.NightTasks(publish_slice=publish_slice, place=place)
-
-
-@shared_task(
-    base=ReauditTask,
-    name="reaudit.catch_up",
-    queue=settings.REAUDIT_QUEUE,
-    **NIGHT_LIMITS,
-)
-def catch_up() -> None:
-    services.catch_up(night_tasks=NIGHT_TASKS)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from audits import linkcheck, services, submission
 from audits.models import Audit
@@ -43,9 +45,11 @@ def test_a_transient_error_leaves_the_audit_for_the_retry(site):
         services.execute_audit(str(audit.id))
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RUNNING
-    services.mark_waiting(str(audit.id), "attempt 1 failed", attempt_spent=True)
+    services.mark_waiting(str(audit.id), "attempt 1 failed", attempt_spent=True, seconds=30)
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RETRYING
+    # The wait lives in Redis; the row says when it is due, for the reconciler.
+    assert audit.next_attempt_at > timezone.now() + timedelta(seconds=25)
 
 
 def test_a_permanent_error_fails_the_audit_with_the_reason(site, settings):
@@ -84,7 +88,7 @@ def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given
     assert limited.value.retry_at == pytest.approx(now + 120)
     assert site.hits["/noindex"] == 0
     services.mark_waiting(
-        str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}"
+        str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}", seconds=120
     )
     audit.refresh_from_db()
     assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)

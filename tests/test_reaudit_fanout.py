@@ -22,6 +22,7 @@ from reaudit.offsets import domain_offset
 from reaudit.tasks import NIGHT_TASKS
 from tests.broker import queued
 from tests.reaudit_factories import DAY, domain_due_between, make_pages
+from tests.reconciling import reconciled_now
 from tests.workers import ROOT
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
@@ -199,8 +200,7 @@ def test_resume_republishes_the_slice_a_lost_chain_was_waiting_for(redis_client)
     assert message.eta == first.starts_at + timedelta(seconds=SLICE)
 
 
-def test_catch_up_republishes_placements_the_broker_lost_once_overdue(redis_client, settings):
-    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10  # overdue 15 s after they were due
+def test_placements_the_broker_lost_are_published_again_once_overdue(redis_client):
     make_pages({domain_due_between(0, 200, window=WINDOW): 3})
     night = run_fan_out().fan_out
     run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
@@ -208,14 +208,12 @@ def test_catch_up_republishes_placements_the_broker_lost_once_overdue(redis_clie
     redis_client.delete("reaudit")  # lost: a worker killed between BRPOP and recording them
 
     # 14 s after the last was due: the two due 10 and 20 s earlier are overdue, it is not yet.
-    assert (
-        services.catch_up(now=last_due + timedelta(seconds=14), night_tasks=NIGHT_TASKS).republished
-        == 2
-    )
+    first = reconciled_now(last_due + timedelta(seconds=14), overdue_after=15)
+    assert first.republished.get("reaudit_placements") == 2
 
     redis_client.delete("reaudit")
-    caught = services.catch_up(now=last_due + timedelta(seconds=16), night_tasks=NIGHT_TASKS)
-    assert (caught.republished, caught.resumed) == (3, [])
+    caught = reconciled_now(last_due + timedelta(seconds=16), overdue_after=15)
+    assert caught.republished == {"reaudit_placements": 3}
     republished = placement_messages(redis_client)
     assert sorted(m.id for m in republished) == sorted(
         services.placement_key(p.page_id, DAY) for p in Placement.objects.filter(fan_out=night)
@@ -224,28 +222,23 @@ def test_catch_up_republishes_placements_the_broker_lost_once_overdue(redis_clie
     assert run.starts_at + timedelta(seconds=SLICE) > last_due + timedelta(seconds=16)
 
 
-def test_catch_up_restarts_a_slice_chain_whose_next_slice_is_overdue(redis_client, settings):
-    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
+def test_a_slice_chain_whose_next_slice_is_overdue_is_restarted(redis_client):
     make_pages({"a.test": 2})
     night = run_fan_out().fan_out
     run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
     redis_client.delete("reaudit")  # the message of slice 1 is gone
     next_start = run.starts_at + timedelta(seconds=SLICE)
 
-    assert (
-        services.catch_up(now=next_start + timedelta(seconds=14), night_tasks=NIGHT_TASKS).resumed
-        == []
-    )
-    assert services.catch_up(
-        now=next_start + timedelta(seconds=16), night_tasks=NIGHT_TASKS
-    ).resumed == [(DAY, 1)]
+    early = reconciled_now(next_start + timedelta(seconds=14), overdue_after=15)
+    assert "reaudit_slices" not in early.republished
+    late = reconciled_now(next_start + timedelta(seconds=16), overdue_after=15)
+    assert late.republished["reaudit_slices"] == 1
 
     (message,) = slice_messages(redis_client)
     assert (message.args[1], message.eta) == (1, next_start)
 
 
-def test_catch_up_finds_nothing_on_a_healthy_night(redis_client, settings):
-    settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS = 10
+def test_nothing_is_published_again_on_a_healthy_night(redis_client):
     pages = make_pages({domain_due_between(0, 200, window=WINDOW): 2, "b.test": 3})
     night = run_fan_out().fan_out
     run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
@@ -253,12 +246,37 @@ def test_catch_up_finds_nothing_on_a_healthy_night(redis_client, settings):
         services.fire_placement(page.id, DAY)
     redis_client.delete("reaudit")
 
-    caught = services.catch_up(
-        now=run.starts_at + timedelta(seconds=SLICE - 1), night_tasks=NIGHT_TASKS
-    )
+    caught = reconciled_now(run.starts_at + timedelta(seconds=SLICE - 1), overdue_after=15)
 
-    assert (caught.resumed, caught.republished) == ([], 0)
+    # (Ten minutes on, the two audits the placements created count as overdue: not the night's.)
+    assert not [name for name in caught.republished if name.startswith("reaudit")]
     assert queued(redis_client, "reaudit") == []
+
+
+def test_after_redis_came_back_empty_a_night_gets_its_chain_and_placements_back_on_time(
+    redis_client,
+):
+    pages = make_pages({domain_due_between(100, 200, window=WINDOW): 3})
+    night = run_fan_out().fan_out
+    run = services.publish_slice(DAY, 0, night.window_start, night_tasks=NIGHT_TASKS)
+    services.fire_placement(pages[0].id, DAY)
+    # What a worker would hold now: slice 1, due when slice 0 ends, and slice 0's placements.
+    before = {m.id: m.eta for m in queued(redis_client, "reaudit")}
+    del before[f"reaudit-slice-{DAY.isoformat()}-0"]
+
+    redis_client.flushdb()  # Redis lost every message of the night
+    caught = reconciled_now(redis_lost=True)
+
+    unfired = Placement.objects.filter(fan_out=night, slice_index=0, fired_at=None)
+    # The audit the fired placement created had lost its message too.
+    assert caught.republished == {
+        "audits": 1, "reaudit_slices": 1, "reaudit_placements": unfired.count(),
+    }  # fmt: skip
+    after = {m.id: m.eta for m in queued(redis_client, "reaudit")}
+    # The chain's next slice and each placement due when it was due before, not at once.
+    assert after == {key: eta for key, eta in before.items()
+                     if key != services.placement_key(pages[0].id, DAY)}  # fmt: skip
+    assert run.next_scheduled_at is not None
 
 
 def test_a_placement_fired_twice_creates_one_audit_and_enqueues_it_once(redis_client):
@@ -339,7 +357,7 @@ def test_the_command_runs_a_fan_out_and_prints_what_it_placed(redis_client):
     assert "placed nothing new" in second
 
 
-def test_migrating_creates_the_nightly_fan_out_and_the_catch_up_on_the_reaudit_queue(settings):
+def test_migrating_creates_the_nightly_fan_out_and_removes_the_old_catch_up(settings):
     # The migration's own function: transactional tests flush the rows migrations made.
     migration = importlib.import_module("reaudit.migrations.0002_beat_entries")
     migration.delete_entries(apps, None)
@@ -361,6 +379,12 @@ def test_migrating_creates_the_nightly_fan_out_and_the_catch_up_on_the_reaudit_q
     assert (catch_up.enabled, catch_up.queue) == (False, "reaudit")
     assert (catch_up.interval.every, catch_up.interval.period) == (60, "seconds")
     assert catch_up.expire_seconds == 60
+    # The reconciler (jobs.reconcile) does what the catch-up did: its entry goes.
+    importlib.import_module("reaudit.migrations.0005_catch_up_entry_removed").delete_catch_up(
+        apps, None
+    )
+    assert list(PeriodicTask.objects.filter(task__startswith="reaudit.").values_list(
+        "task", flat=True)) == ["reaudit.fan_out"]  # fmt: skip
     migration.delete_entries(apps, None)
     assert not PeriodicTask.objects.filter(task__startswith="reaudit.").exists()
 

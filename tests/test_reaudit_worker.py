@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from datetime import timedelta
 
@@ -12,7 +11,7 @@ from django.utils import timezone
 from audits.models import Audit
 from reaudit import services
 from reaudit.models import FanOut, Placement, SliceRun
-from reaudit.tasks import NIGHT_TASKS, catch_up, place
+from reaudit.tasks import NIGHT_TASKS, place
 from tests.broker import backlog, held, queued
 from tests.reaudit_factories import DAY, domain_due_between, due_at, make_pages
 from tests.workers import reaudit_as_make_run, wait_for
@@ -29,19 +28,11 @@ def unfired(night: FanOut) -> int:
     return Placement.objects.filter(fan_out=night, fired_at=None).count()
 
 
-def wait_until_all_fired(
-    night: FanOut, *workers, timeout: float = 45, catching_up_every: float | None = None
-) -> None:
-    last_catch_up = time.monotonic()
-
-    def all_fired() -> bool:
-        nonlocal last_catch_up
-        if catching_up_every and time.monotonic() - last_catch_up > catching_up_every:
-            catch_up.apply_async()
-            last_catch_up = time.monotonic()
-        return unfired(night) == 0
-
-    wait_for(all_fired, timeout=timeout, message="every placement to fire", show=workers)
+def wait_until_all_fired(night: FanOut, *workers, timeout: float = 45) -> None:
+    wait_for(
+        lambda: unfired(night) == 0, timeout=timeout, message="every placement to fire",
+        show=workers,
+    )  # fmt: skip
 
 
 def assert_one_reaudit_per_page_each_at_or_after_its_offset(night: FanOut) -> None:
@@ -181,7 +172,9 @@ def test_placements_due_hours_ahead_are_not_in_the_audit_backlog_nor_held_by_a_w
 
 def test_a_sigkilled_reaudit_worker_loses_no_placement(start_worker, redis_client):
     # The slice shorter than the visibility timeout, both short enough for a test.
-    env = {"REAUDIT_VISIBILITY_TIMEOUT_SECONDS": "6", "REAUDIT_SLICE_SECONDS": "3"}
+    # The reconciler ticking every second publishes again what is 10 s overdue.
+    env = {"REAUDIT_VISIBILITY_TIMEOUT_SECONDS": "6", "REAUDIT_SLICE_SECONDS": "3",
+           "RECONCILE_INTERVAL_SECONDS": "1", "RECONCILE_AFTER_SECONDS": "10"}  # fmt: skip
     make_pages({"alpha.test": 4, "beta.test": 4, "gamma.test": 4})
     doomed = start_reaudit(start_worker, env=env)
 
@@ -198,9 +191,9 @@ def test_a_sigkilled_reaudit_worker_loses_no_placement(start_worker, redis_clien
     assert held(redis_client, "reaudit"), "the killed worker's messages are still recorded"
 
     survivor = start_reaudit(start_worker, env=env)
-    # What the catch-up beat entry does every minute, more often: it recovers a message
-    # the kill caught between leaving the queue and being recorded as unacked.
-    wait_until_all_fired(night, doomed, survivor, timeout=60, catching_up_every=2)
+    # The survivor's reconciler recovers a message the kill caught between leaving the
+    # queue and being recorded as unacked.
+    wait_until_all_fired(night, doomed, survivor, timeout=60)
     assert_one_reaudit_per_page_each_at_or_after_its_offset(night)
     assert services.count_scheduled() == 0
 

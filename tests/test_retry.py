@@ -7,12 +7,17 @@ import random
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
+import kombu.exceptions
 import pytest
+import redis.exceptions
+from django import db
 
-from audits.tasks import AUDIT_POLICY, run_audit
+from audits.tasks import AUDIT_POLICY, check_link, run_audit
+from jobs.errors import Transient
 from jobs.policy import DEFERRAL, PARK, RETRY, RetryPolicy, delay, longest_held_countdown
 from ratelimit.headers import parse_retry_after
-from webhooks.tasks import WEBHOOK_POLICY
+from reaudit.tasks import place
+from webhooks.tasks import WEBHOOK_POLICY, deliver_webhook
 
 DRAWS = 2000
 
@@ -103,3 +108,21 @@ def test_waits_longer_than_a_worker_may_hold_a_message_are_stored(settings):
     assert longest_held_countdown("audits", run_audit.time_limit) == 200
     # The longest backoff (the cap with jitter) is held; a long Retry-After is not.
     assert longest_held_countdown("audits", run_audit.time_limit) > 1.25 * 60
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ConnectionError("Redis went away"),
+        redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+        redis.exceptions.TimeoutError("Timeout reading from socket"),
+        kombu.exceptions.OperationalError("broker unreachable"),
+        db.OperationalError("server closed the connection unexpectedly"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_every_job_retries_when_plumb_s_own_infrastructure_is_away(error):
+    # A Redis blip in the middle of an audit dead-lettered it as if the page had failed.
+    for task in (run_audit, check_link, deliver_webhook, place):
+        assert task.policy.retries(error), task.name
+    assert not isinstance(error, Transient)  # so no breaker counts it

@@ -123,7 +123,7 @@ def product_totals() -> dict:
 def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worker, beat):
     worker = start_worker("audits")
     # The periodic housekeeping runs, several times, with nothing to do.
-    beat("audits.requeue_stuck_audits", "audits.finish_overdue_link_checks", interval=0.2)
+    beat("audits.finish_overdue_link_checks", interval=0.1)
     wait_for(
         lambda: worker.output().count("task.finished") >= 6, timeout=20,
         message="some housekeeping runs", show=[worker],
@@ -138,7 +138,7 @@ def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request
     site, start_worker, admin_client, beat
 ):
     worker = start_worker("audits", concurrency=2)
-    beat("audits.requeue_stuck_audits", "audits.finish_overdue_link_checks", interval=0.5)
+    beat("audits.finish_overdue_link_checks", interval=0.5)
     audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(10)]
     for audit in audits:
         assert finished(audit, worker).status == "succeeded"

@@ -11,10 +11,10 @@ import pytest
 
 from audits import submission
 from audits.models import Audit, Page
-from audits.reconcile import requeue_stuck_audits
-from audits.tasks import enqueue_audit, run_audit
+from audits.tasks import run_audit
 from jobs.models import DeadLetter
 from outbound.urls import normalize_url
+from tests.reconciling import reconciled_now
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
@@ -100,7 +100,7 @@ def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(s
     assert "TimeLimitExceeded" in letter.exception
     assert scrape()[("plumb_task_dead_letters_total", (("task", "audits.run_audit"),))] == 1
     # Finished, so the reconciler leaves it alone however old it gets.
-    assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=0) == 0
+    assert reconciled_now().republished == {}
     time.sleep(1)
     assert site.hits["/slow"] == 1, worker.output()
 

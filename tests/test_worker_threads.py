@@ -10,10 +10,10 @@ import pytest
 from celery import bootsteps
 
 from config.celery_app import app
-from jobs.bootsteps import DelayedWaker, MinuteSampler, TimeLimitWatchdog, WorkerThread
+from jobs.bootsteps import DelayedWaker, MinuteSampler, Reconciler, TimeLimitWatchdog, WorkerThread
 from tests.workers import wait_for
 
-THREADS = [DelayedWaker, MinuteSampler, TimeLimitWatchdog]
+THREADS = [DelayedWaker, MinuteSampler, Reconciler, TimeLimitWatchdog]
 
 
 class FailingTicks:

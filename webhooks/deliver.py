@@ -129,7 +129,10 @@ def reset_failed(delivery: Delivery, *, task_id: str) -> bool:
     """A failed delivery becomes pending again under a new task id; False if it is not failed."""
     return bool(
         Delivery.objects.filter(id=delivery.id, status=Delivery.Status.FAILED).update(
-            status=Delivery.Status.PENDING, task_id=task_id, next_attempt_at=None
+            status=Delivery.Status.PENDING,
+            task_id=task_id,
+            next_attempt_at=None,
+            updated_at=timezone.now(),
         )
     )
 
@@ -228,7 +231,14 @@ def claim_delivery(delivery_id: str) -> Delivery | None:
     claimed = (
         Delivery.objects.filter(id=delivery_id)
         .exclude(status__in=Delivery.FINISHED)
-        .update(status=Delivery.Status.DELIVERING, attempts=F("attempts") + 1, next_attempt_at=None)
+        # updated_at by hand (update() skips auto_now): when this attempt began, which
+        # the reconciler reads for a delivery whose worker and message were both lost.
+        .update(
+            status=Delivery.Status.DELIVERING,
+            attempts=F("attempts") + 1,
+            next_attempt_at=None,
+            updated_at=timezone.now(),
+        )
     )
     if not claimed:
         return None

@@ -37,9 +37,9 @@ WEBHOOK_POLICY = RetryPolicy(
     defer_max=lambda: settings.WEBHOOK_TIMEOUT_SECONDS,
     max_deferrals=50,
     countdowns_held=False,
-    # Database trouble (a pool timeout) is as transient as a receiver's 503, but it is
-    # not the receiver's failure: only `Transient` counts against its breaker.
-    retry_on=(OperationalError,),
+    # Database or Redis trouble (a pool timeout, a failover) is retried by default
+    # (INFRASTRUCTURE_UNAVAILABLE), and it is not the receiver's failure: only
+    # `Transient` counts against its breaker.
 )
 
 

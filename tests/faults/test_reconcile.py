@@ -1,4 +1,5 @@
-"""An audit accepted but left without a message is published again and runs once."""
+"""The one reconciler (jobs.reconcile): what PostgreSQL says is owed and Redis lost is
+published again, once, and at its own due time."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ import pytest
 from django.utils import timezone
 
 from audits import submission
-from audits.models import Audit
-from audits.reconcile import requeue_stuck_audits
-from audits.tasks import enqueue_audit
+from audits.models import Audit, LinkCheck
+from audits.tasks import run_audit
+from jobs import delayed, reconcile
+from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
+from tests.broker import queued
+from tests.reconciling import reconciled_now
+from tests.webhook_helpers import finished_audit_with_callback
 from tests.workers import wait_for
+from webhooks import deliver
+from webhooks.models import Delivery
 
 
 def accepted_without_a_message(url: str, *, age_seconds: float) -> Audit:
@@ -26,12 +33,23 @@ def accepted_without_a_message(url: str, *, age_seconds: float) -> Audit:
     return audit
 
 
+def retrying(audit: Audit, *, due_in: float) -> Audit:
+    Audit.objects.filter(id=audit.id).update(
+        status=Audit.Status.RETRYING, attempts=2,
+        next_attempt_at=timezone.now() + timedelta(seconds=due_in),
+    )  # fmt: skip
+    return Audit.objects.get(id=audit.id)
+
+
+# --- One lost message, Redis otherwise intact: found by age -----------------------------
+
+
 @pytest.mark.slow
 def test_a_stuck_queued_audit_is_requeued_and_runs(site, start_worker, redis_client):
     audit = accepted_without_a_message(f"{site.base_url}/noindex", age_seconds=120)
     assert redis_client.llen("audits") == 0
 
-    assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=60) == 1
+    assert reconciled_now(overdue_after=60).republished == {"audits": 1}
     start_worker("audits")
     wait_for(
         lambda: Audit.objects.get(id=audit.id).status == "succeeded",
@@ -48,10 +66,10 @@ def test_recent_and_recently_requeued_audits_are_left_alone(redis_client):
     fresh = accepted_without_a_message("https://example.org/fresh", age_seconds=5)
     stuck = accepted_without_a_message("https://example.org/stuck", age_seconds=120)
 
-    assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=60) == 1
+    assert reconciled_now(overdue_after=60).republished == {"audits": 1}
     assert Audit.objects.get(id=fresh.id).requeued_at is None
     # The next run within the threshold does not publish it a second time.
-    assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=60) == 0
+    assert reconciled_now(overdue_after=60).republished == {}
     assert redis_client.llen("audits") == 1
     assert Audit.objects.get(id=stuck.id).requeued_at is not None
 
@@ -65,6 +83,128 @@ def test_an_attempt_running_far_past_its_time_limit_is_requeued(redis_client):
     live = accepted_without_a_message("https://example.org/live", age_seconds=900)
     Audit.objects.filter(id=live.id).update(status=Audit.Status.RUNNING, started_at=timezone.now())
 
-    assert requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=600) == 1
+    assert reconciled_now(overdue_after=600).republished == {"audits": 1}
     assert Audit.objects.get(id=audit.id).requeued_at is not None
     assert Audit.objects.get(id=live.id).requeued_at is None
+
+
+@pytest.mark.django_db
+def test_a_wait_long_past_due_is_published_again_at_once_keeping_its_attempts(redis_client):
+    overdue = retrying(accepted_without_a_message("https://example.org/a", age_seconds=900),
+                       due_in=-700)  # fmt: skip
+    retrying(accepted_without_a_message("https://example.org/b", age_seconds=900), due_in=-5)
+
+    assert reconciled_now(overdue_after=600).republished == {"audits": 1}
+    (message,) = queued(redis_client, "audits")
+    assert message.id == overdue.task_id
+    # The attempts its row counted: a recovered audit does not get a fresh budget.
+    assert redis_client.lrange("audits", 0, -1)[0].count(b'"retries": 2') == 1
+
+
+# --- Redis came back empty, or behind ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_first_tick_on_a_new_redis_publishes_nothing_and_leaves_its_mark(redis_client):
+    accepted_without_a_message("https://example.org/new", age_seconds=5)
+    client = redis_client
+
+    result = reconcile.reconcile(client=client)
+
+    assert (result.redis_lost, result.republished) == (False, {})
+    assert client.get(reconcile.MARK_KEY) is not None and ReconcileMark.objects.exists()
+    assert reconcile.reconcile(client=client).redis_lost is False
+
+
+@pytest.mark.django_db
+def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_time(
+    redis_client,
+):
+    queued_audit = accepted_without_a_message("https://example.org/q", age_seconds=1)
+    waiting = retrying(accepted_without_a_message("https://example.org/w", age_seconds=1),
+                       due_in=300)  # fmt: skip
+    in_flight = accepted_without_a_message("https://example.org/r", age_seconds=1)
+    Audit.objects.filter(id=in_flight.id).update(status=Audit.Status.RUNNING,
+                                                 started_at=timezone.now(), attempts=1)  # fmt: skip
+    done = accepted_without_a_message("https://example.org/done", age_seconds=1)
+    Audit.objects.filter(id=done.id).update(status=Audit.Status.SUCCEEDED)
+    checking = accepted_without_a_message("https://example.org/c", age_seconds=1)
+    Audit.objects.filter(id=checking.id).update(status=Audit.Status.CHECKING_LINKS)
+    check = LinkCheck.objects.create(audit=checking, url="https://x.test/", task_id="check-1")
+    pending, _ = deliver.create_delivery(
+        finished_audit_with_callback("https://r.test/", number=1).id
+    )
+    backing_off, _ = deliver.create_delivery(
+        finished_audit_with_callback("https://r.test/", number=2).id
+    )
+    deliver.mark_retrying(str(backing_off.id), delay=120)
+    Delivery.objects.filter(id=backing_off.id).update(attempts=3)
+
+    result = reconciled_now(redis_lost=True)
+
+    assert result.redis_lost
+    assert result.republished == {"audits": 3, "link_checks": 1, "webhook_deliveries": 2}
+    # Owed now: in their queues at once.
+    assert {m.id for m in queued(redis_client, "audits")} == {queued_audit.task_id, check.task_id}
+    assert [m.id for m in queued(redis_client, "webhooks")] == [pending.task_id]
+    # Owed later: back in the delayed store, due when they were, with their attempts.
+    stored = {entry.task_id: (entry, due) for entry, due in
+              delayed.entries("audits") + delayed.entries("webhooks")}  # fmt: skip
+    assert set(stored) == {waiting.task_id, backing_off.task_id, in_flight.task_id}
+    # One running may have lost its worker with Redis: a copy once its time limit is over.
+    entry, due = stored[in_flight.task_id]
+    started = Audit.objects.get(id=in_flight.id).started_at.timestamp()
+    assert entry.retries == 1 and due == pytest.approx(started + run_audit.time_limit, abs=2)
+    entry, due = stored[waiting.task_id]
+    assert entry.retries == 2 and due == pytest.approx(waiting.next_attempt_at.timestamp(), abs=2)
+    entry, due = stored[backing_off.task_id]
+    assert entry.retries == 3
+    assert due == pytest.approx(Delivery.objects.get(id=backing_off.id).next_attempt_at.timestamp(),
+                                abs=2)  # fmt: skip
+    # The mark is back: the next tick finds nothing lost and nothing overdue.
+    assert reconcile.reconcile(client=redis_client, overdue_after=600).republished == {}
+
+
+@pytest.mark.django_db
+def test_after_a_failover_only_what_was_written_since_the_replica_s_mark_goes_back(redis_client):
+    old = accepted_without_a_message("https://example.org/old", age_seconds=600)
+    recent = accepted_without_a_message("https://example.org/recent", age_seconds=5)
+    reconcile.write_mark(redis_client, at=timezone.now())
+    # The replica holds a mark from two minutes ago, left by another server.
+    redis_client.set(reconcile.MARK_KEY, reconcile.json.dumps(
+        {"server": "the-old-primary", "at": (timezone.now() - timedelta(seconds=120)).timestamp()}
+    ))  # fmt: skip
+
+    result = reconcile.reconcile(client=redis_client)
+
+    assert result.redis_lost and result.republished == {"audits": 1}
+    assert [m.id for m in queued(redis_client, "audits")] == [recent.task_id]
+    assert Audit.objects.get(id=old.id).requeued_at is None
+
+
+@pytest.mark.django_db
+def test_after_a_loss_one_tick_publishes_everything_owed_by_age_a_batch_a_tick(
+    redis_client, monkeypatch
+):
+    monkeypatch.setattr(reconcile, "BATCH", 2)
+    for n in range(5):
+        accepted_without_a_message(f"https://example.org/{n}", age_seconds=900)
+
+    # Redis forgot: the tick is not done until all five are out (its mark says so).
+    assert reconciled_now(redis_lost=True).republished == {"audits": 5}
+    redis_client.delete("audits")
+    Audit.objects.update(requeued_at=None)
+    # Lost one by one, Redis intact: two a tick, each tick going on from the last.
+    counts = [reconciled_now(overdue_after=600).republished.get("audits", 0) for _ in range(4)]
+    assert counts == [2, 2, 1, 0]
+    assert len(queued(redis_client, "audits")) == 5
+
+
+@pytest.mark.django_db
+def test_one_worker_a_tick_does_the_work(redis_client, settings):
+    settings.RECONCILE_INTERVAL_SECONDS = 0.3
+    assert reconcile.tick(redis_client) is not None
+    # Another worker's thread, in the same interval: the lock says it is done.
+    assert reconcile.tick(redis_client) is None
+    # The next interval: a tick again.
+    wait_for(lambda: reconcile.tick(redis_client) is not None, timeout=5, message="a next tick")
