@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audits", "0007_page_worse_and_changed_indexes"),
+        ("audits", "0009_encrypt_callback_secrets"),
     ]
 
     operations = [
