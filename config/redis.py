@@ -179,3 +179,30 @@ local function redis_now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 """
+
+
+# What a deployment's Redis must keep (docs/operations.md): the queues, the unacked
+# messages and the delayed jobs survive a restart (AOF, fsync every second), and no
+# key is ever evicted to make room (an evicted queue or lease is lost work).
+REQUIRED_SERVER_SETTINGS = {
+    "appendonly": "yes",
+    "appendfsync": "everysec",
+    "maxmemory-policy": "noeviction",
+}
+
+
+def unsafe_server_settings(client: redis.Redis) -> dict[str, str]:
+    """The settings of the Redis behind `client` that differ from REQUIRED_SERVER_SETTINGS,
+    as {name: value}. Empty when they match, and when the server will not say: managed
+    Redis often disables CONFIG, and an unanswered check is no reason to stop a worker."""
+    found = {}
+    try:
+        for name in REQUIRED_SERVER_SETTINGS:
+            found.update({k: str(v) for k, v in client.config_get(name).items()})
+    except redis.RedisError:
+        return {}
+    return {
+        name: found[name]
+        for name, required in REQUIRED_SERVER_SETTINGS.items()
+        if name in found and found[name] != required
+    }
