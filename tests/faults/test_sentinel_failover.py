@@ -3,7 +3,7 @@
 A primary, a replica and three sentinels on free ports (config.devservices.SentinelGroup);
 a web process and a real audits worker pointed at them through REDIS_SENTINELS; audits of
 a local site submitted before, during and after the failover. Every accepted audit
-finishes, the worker is still taking work afterwards, and Flower reads the new master.
+finishes, the worker is still taking work afterwards, and Flower still reaches the workers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from audits.models import Audit
-from config.devservices import SentinelGroup
+from config.devservices import SentinelGroup, free_port
 from tests.faults.test_redis_restart import WebProcess
 from tests.workers import ROOT, database_url_for_workers, wait_for
 
@@ -130,3 +131,33 @@ def test_a_failover_under_load_loses_no_accepted_audit(
         assert "Unrecoverable error" not in worker.output()
     finally:
         web.stop()
+
+
+def test_flower_reaches_the_workers_through_the_sentinels_across_a_failover(
+    sentinel_group, start_worker
+):
+    port = free_port()
+    env = {**sentinel_env(sentinel_group), "FLOWER_BASIC_AUTH": "ops:pw"}
+    worker = start_worker("audits", env=sentinel_group.env())
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "flower",
+         "--address=127.0.0.1", f"--port={port}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def lists_the_worker() -> bool:
+        # refresh=1: Flower asks the workers now (a broadcast over the broker's pub/sub).
+        try:
+            answer = httpx.get(f"http://127.0.0.1:{port}/api/workers?refresh=1",
+                               auth=("ops", "pw"), timeout=10)  # fmt: skip
+        except httpx.TransportError:
+            return False
+        return answer.status_code == 200 and worker.name in "".join(answer.json())
+
+    try:
+        wait_for(lists_the_worker, timeout=60, interval=0.5, message="Flower to list the worker")
+        sentinel_group.failover()
+        wait_for(lists_the_worker, timeout=30, interval=0.5, message="Flower, after the failover")
+    finally:
+        flower.terminate()
+        flower.wait(timeout=15)
