@@ -131,6 +131,9 @@ class SentinelGroup:
         primary, replica = self.redis_ports
         self._start_redis(primary)
         self._start_redis(replica, "--replicaof", "127.0.0.1", str(primary))
+        # Sentinels learn of replicas from the master's INFO, at connect and then every
+        # 10 s: with the replica linked before they start, they know it at once.
+        self._wait(self._replica_linked, wait, "the replica to sync")
         for port in self.sentinel_ports:
             config = self.data_dir / f"sentinel-{port}.conf"
             # Sentinel rewrites its config file as it learns the group: one file each.
@@ -144,7 +147,7 @@ class SentinelGroup:
                 [redis_server_binary(), str(config), "--sentinel"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        self._wait(self._ready, wait, "the replica and three sentinels to know each other")
+        self._wait(self._ready, wait, "the sentinels to know the master and the replica")
         return self
 
     def _start_redis(self, port: int, *args: str) -> None:
@@ -178,14 +181,25 @@ class SentinelGroup:
             answers.add(int(address[1]) if address else None)
         return answers.pop() if len(answers) == 1 else None
 
-    def _ready(self) -> bool:
-        # The sentinels learn of the replica from the master's INFO, every 10 s: rather
-        # than wait for that here, failover() repeats SENTINEL FAILOVER until it is taken.
+    def _replica_linked(self) -> bool:
         try:
             link = self.client(self.redis_ports[1]).info("replication").get("master_link_status")
         except (redis.RedisError, OSError):
             return False
-        return link == "up" and self._agreed_master() == self.redis_ports[0]
+        return link == "up"
+
+    def _ready(self) -> bool:
+        # Sentinels find each other through hello messages on the master (every 2 s): one
+        # that knows no other cannot reach the quorum once the master is dead.
+        try:
+            if not all(
+                len(self.client(port).sentinel_sentinels(self.MASTER_NAME)) == 2
+                for port in self.sentinel_ports
+            ):
+                return False
+        except (redis.RedisError, OSError):
+            return False
+        return self._agreed_master() == self.redis_ports[0] and self._replica_known()
 
     def failover(self, *, kill: bool = False, wait: float = 30.0) -> int:
         """Move the master to the replica; return the new master's port.
@@ -193,7 +207,9 @@ class SentinelGroup:
         kill=False: `SENTINEL FAILOVER`, the old master becomes a replica.
         kill=True: SIGKILL the master, as a crashed host would; the sentinels notice
         after DOWN_AFTER_MILLISECONDS and elect a new one. `restart_killed()` brings
-        the old one back (as a replica)."""
+        the old one back; the sentinels make it a replica, so failovers can repeat (a
+        soak's): each first waits until every sentinel knows a replica with its link up,
+        up to about 20 s after a start or a restart (they learn it from INFO every 10 s)."""
         old = self.master_port()
         # A sentinel learns of the replica from the master's INFO, every 10 s; one that
         # has not cannot fail over to it, and never will once the master is gone.
