@@ -243,24 +243,6 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_TRANSPORT = "jobs.transport:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AUDITS_VISIBILITY_TIMEOUT_SECONDS}
-if REDIS_SENTINEL_ADDRESSES:
-    # kombu's Sentinel transport (the same hooks): `sentinel://host:port` per sentinel,
-    # separated by `;`, each carrying REDIS_URL's credentials and database number.
-    _redis = urlsplit(REDIS_URL)
-    _auth = _redis.netloc.rpartition("@")[0]
-    CELERY_BROKER_URL = ";".join(
-        f"sentinel://{_auth + '@' if _auth else ''}{host}:{port}{_redis.path}"
-        for host, port in REDIS_SENTINEL_ADDRESSES
-    )
-    CELERY_BROKER_TRANSPORT = "jobs.transport:SentinelTransport"
-    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
-    # Given explicitly, these replace the socket timeouts kombu would copy to its
-    # sentinel connections: keep them, so a sentinel that hangs cannot hang a worker.
-    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
-        "socket_connect_timeout": 1.0,
-        "socket_timeout": 2.0,
-        **({"password": REDIS_SENTINEL_PASSWORD} if REDIS_SENTINEL_PASSWORD else {}),
-    }
 CELERY_TASK_DEFAULT_QUEUE = AUDIT_QUEUE
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_TASK_SERIALIZER = "json"
@@ -288,6 +270,24 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Dead-letters messages the worker cannot run (undecodable, unknown task,
 # wrong shape) on their first delivery instead of only logging them.
 CELERY_WORKER_CONSUMER = "jobs.consumer:DeadLetteringConsumer"
+if REDIS_SENTINEL_ADDRESSES:
+    # The broker through Sentinel: kombu's Sentinel transport with Plumb's hooks: `sentinel://host:port` per sentinel,
+    # separated by `;`, each carrying REDIS_URL's credentials and database number.
+    _redis = urlsplit(REDIS_URL)
+    _auth = _redis.netloc.rpartition("@")[0]
+    CELERY_BROKER_URL = ";".join(
+        f"sentinel://{_auth + '@' if _auth else ''}{host}:{port}{_redis.path}"
+        for host, port in REDIS_SENTINEL_ADDRESSES
+    )
+    CELERY_BROKER_TRANSPORT = "jobs.transport:SentinelTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    # Given explicitly, these replace the socket timeouts kombu would copy to its
+    # sentinel connections: keep them, so a sentinel that hangs cannot hang a worker.
+    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
+        "socket_connect_timeout": 1.0,
+        "socket_timeout": 2.0,
+        **({"password": REDIS_SENTINEL_PASSWORD} if REDIS_SENTINEL_PASSWORD else {}),
+    }
 
 # --- Audits -------------------------------------------------------------------
 AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, minimum=0.1)
