@@ -107,21 +107,19 @@ def test_a_failover_under_load_loses_no_accepted_audit(
                      message="audits accepted after the failover")  # fmt: skip
         accepted = load.accepted
         print(f"failover {failover_seconds:.1f}s, accepted {len(accepted)}, refused {load.refused}")
+        drain_started = time.monotonic()
         try:
-            wait_for(
-                lambda: finished(accepted),
-                timeout=20,
-                message="every accepted audit",
-                show=[worker],
-            )
-            requeued = 0
+            wait_for(lambda: finished(accepted), timeout=20, message="every accepted audit",
+                     show=[worker])  # fmt: skip
+            requeued = None
         except AssertionError:
             # Messages the old master took after its replica's last sync are gone with it:
             # the reconciler publishes their audits again from PostgreSQL.
             requeued = requeue_stuck_audits(env)
             wait_for(lambda: finished(accepted), timeout=30, message="every accepted audit",
                      show=[worker])  # fmt: skip
-        print(f"requeued by the reconciler: {requeued}")
+        print(f"all finished {time.monotonic() - drain_started:.1f}s after the load stopped; "
+              f"republished by the reconciler: {requeued}")  # fmt: skip
         # The worker is not wedged: a new audit runs on the new master.
         fresh = web.submit(f"{site.base_url}/noindex?after=failover")
         assert fresh.status_code == 202
