@@ -107,10 +107,12 @@ class SentinelGroup:
     MASTER_NAME = "plumb"
     DOWN_AFTER_MILLISECONDS = 1000
 
-    def __init__(self, data_dir: Path, *, extra_redis_args: tuple[str, ...] = ()):
+    def __init__(
+        self, data_dir: Path, *, replicas: int = 1, extra_redis_args: tuple[str, ...] = ()
+    ):
         self.data_dir = data_dir
         self.extra_redis_args = list(extra_redis_args)
-        self.redis_ports = [free_port(), free_port()]
+        self.redis_ports = [free_port() for _ in range(1 + replicas)]
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.processes: dict[int, subprocess.Popen] = {}
 
@@ -128,12 +130,13 @@ class SentinelGroup:
         }
 
     def start(self, wait: float = 20.0) -> SentinelGroup:
-        primary, replica = self.redis_ports
+        primary, *replicas = self.redis_ports
         self._start_redis(primary)
-        self._start_redis(replica, "--replicaof", "127.0.0.1", str(primary))
+        for replica in replicas:
+            self._start_redis(replica, "--replicaof", "127.0.0.1", str(primary))
         # Sentinels learn of replicas from the master's INFO, at connect and then every
         # 10 s: with the replica linked before they start, they know it at once.
-        self._wait(self._replica_linked, wait, "the replica to sync")
+        self._wait(self._replicas_linked, wait, "the replicas to sync")
         for port in self.sentinel_ports:
             config = self.data_dir / f"sentinel-{port}.conf"
             # Sentinel rewrites its config file as it learns the group: one file each.
@@ -181,12 +184,14 @@ class SentinelGroup:
             answers.add(int(address[1]) if address else None)
         return answers.pop() if len(answers) == 1 else None
 
-    def _replica_linked(self) -> bool:
+    def _replicas_linked(self) -> bool:
         try:
-            link = self.client(self.redis_ports[1]).info("replication").get("master_link_status")
+            return all(
+                self.client(port).info("replication").get("master_link_status") == "up"
+                for port in self.redis_ports[1:]
+            )
         except (redis.RedisError, OSError):
             return False
-        return link == "up"
 
     def _ready(self) -> bool:
         # Sentinels find each other through hello messages on the master (every 2 s): one
