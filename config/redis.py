@@ -17,7 +17,7 @@ error in about a second, not after redis-py's default retries with backoff.
 With REDIS_SENTINELS set, the same functions hand out clients of the Sentinel-managed
 master (`sentinel_master_client`): each new connection asks the sentinels where the
 master is, and a command that meets a failover (a dead master, a demoted one answering
-READONLY, or one left without its replicas answering NOREPLICAS) is retried with backoff
+READONLY or UNBLOCKED, or one left without its replicas answering NOREPLICAS) is retried with backoff
 on the new master for a few seconds (redis-py 8 gives a `master_for` client no
 retries at all).
 """

@@ -271,8 +271,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # wrong shape) on their first delivery instead of only logging them.
 CELERY_WORKER_CONSUMER = "jobs.consumer:DeadLetteringConsumer"
 if REDIS_SENTINEL_ADDRESSES:
-    # The broker through Sentinel: kombu's Sentinel transport with Plumb's hooks: `sentinel://host:port` per sentinel,
-    # separated by `;`, each carrying REDIS_URL's credentials and database number.
+    # The broker through Sentinel: kombu's Sentinel transport with Plumb's hooks, and
+    # `sentinel://host:port` per sentinel, separated by `;`, each carrying REDIS_URL's
+    # credentials and database number.
     _redis = urlsplit(REDIS_URL)
     _auth = _redis.netloc.rpartition("@")[0]
     CELERY_BROKER_URL = ";".join(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import redis
 
 from config import devservices
 from config.redis import unsafe_server_settings
-from tests.workers import wait_for
+from tests.workers import ROOT, wait_for
 
 
 @pytest.fixture
@@ -65,3 +67,29 @@ def test_a_worker_warns_at_start_about_an_unsafe_server(private_redis, start_wor
         timeout=20, message="the warning", show=[worker],
     )  # fmt: skip
     assert "allkeys-lru" in line and "noeviction" in line and "appendonly" in line
+
+
+def settings_in_subprocess(env: dict, expression: str) -> subprocess.CompletedProcess:
+    code = f"import django; django.setup(); from django.conf import settings; print({expression})"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "true", **env},
+    )  # fmt: skip
+
+
+def test_sentinels_make_a_sentinel_broker_with_the_urls_credentials_and_database():
+    env = {"REDIS_SENTINELS": "10.0.0.1:26379, 10.0.0.2:26380", "REDIS_URL": "redis://:pw@m/2",
+           "REDIS_SENTINEL_MASTER": "plumb"}  # fmt: skip
+    result = settings_in_subprocess(
+        env, "settings.CELERY_BROKER_URL, settings.CELERY_BROKER_TRANSPORT_OPTIONS['master_name']"
+    )
+    assert result.stdout.split() == [
+        "sentinel://:pw@10.0.0.1:26379/2;sentinel://:pw@10.0.0.2:26380/2",
+        "plumb",
+    ], result.stderr
+
+
+def test_a_sentinel_without_a_port_stops_the_process_with_the_variables_name():
+    result = settings_in_subprocess({"REDIS_SENTINELS": "sentinel-1"}, "1")
+    assert result.returncode != 0
+    assert "REDIS_SENTINELS entries are host:port" in result.stderr
