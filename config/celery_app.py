@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from logging.config import dictConfig
 
@@ -9,9 +10,16 @@ from celery import Celery, signals
 from django.conf import settings
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
-from config.redis import redis_client
+from config.redis import (
+    REQUIRED_SERVER_SETTINGS,
+    dedicated_client,
+    redis_client,
+    unsafe_server_settings,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+log = logging.getLogger(__name__)
 
 app = Celery("plumb")
 # The default for every thread, not just this one: shared tasks resolve their
@@ -80,6 +88,25 @@ def configure_worker_for_its_queue(sender=None, conf=None, options=None, **kwarg
     conf.broker_transport_options = transport_options_for_queue(known[0])
     if known[0] == settings.WEBHOOK_QUEUE:
         configure_webhooks_worker(conf, options or {})
+
+
+@signals.worker_ready.connect
+def warn_about_unsafe_redis_settings(**kwargs):
+    """Log a warning as the worker starts when Redis may lose or evict queued work.
+
+    A worker's start is where an operator looks (Sidekiq warns there too); worker_ready
+    comes after logging is set up. The client is closed at once: no connection of it
+    outlives this check."""
+    client = dedicated_client()
+    try:
+        unsafe = unsafe_server_settings(client)
+    finally:
+        client.close()
+    if unsafe:
+        log.warning(
+            "redis.unsafe_settings",
+            extra={"found": unsafe, "required": {k: REQUIRED_SERVER_SETTINGS[k] for k in unsafe}},
+        )
 
 
 def queue_list_keys(queue: str) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -207,6 +208,24 @@ SPECTACULAR_SETTINGS = {
 
 # --- Redis and Celery ---------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis Sentinel: with REDIS_SENTINELS (host:port, ...) set, every Redis client (the
+# broker's, Plumb's own, Flower's) asks the sentinels for the current master of
+# REDIS_SENTINEL_MASTER, and follows it through a failover. REDIS_URL then gives only the
+# database number and the master's credentials: its host and port are not used.
+REDIS_SENTINELS = env_list("REDIS_SENTINELS", [])
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "mymaster")
+# The sentinels' own password (their `requirepass`), when they have one.
+REDIS_SENTINEL_PASSWORD = env_str("REDIS_SENTINEL_PASSWORD", "")
+
+
+def _sentinel_address(entry: str) -> tuple[str, int]:
+    host, _, port = entry.rpartition(":")
+    if not host or not port.isdigit():
+        raise ImproperlyConfigured(f"REDIS_SENTINELS entries are host:port, got {entry!r}")
+    return host, int(port)
+
+
+REDIS_SENTINEL_ADDRESSES = [_sentinel_address(entry) for entry in REDIS_SENTINELS]
 
 AUDIT_QUEUE = "audits"
 REAUDIT_QUEUE = "reaudit"
@@ -278,6 +297,25 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Dead-letters messages the worker cannot run (undecodable, unknown task,
 # wrong shape) on their first delivery instead of only logging them.
 CELERY_WORKER_CONSUMER = "jobs.consumer:DeadLetteringConsumer"
+if REDIS_SENTINEL_ADDRESSES:
+    # The broker through Sentinel: kombu's Sentinel transport with Plumb's hooks, and
+    # `sentinel://host:port` per sentinel, separated by `;`, each carrying REDIS_URL's
+    # credentials and database number.
+    _redis = urlsplit(REDIS_URL)
+    _auth = _redis.netloc.rpartition("@")[0]
+    CELERY_BROKER_URL = ";".join(
+        f"sentinel://{_auth + '@' if _auth else ''}{host}:{port}{_redis.path}"
+        for host, port in REDIS_SENTINEL_ADDRESSES
+    )
+    CELERY_BROKER_TRANSPORT = "jobs.transport:SentinelTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    # Given explicitly, these replace the socket timeouts kombu would copy to its
+    # sentinel connections: keep them, so a sentinel that hangs cannot hang a worker.
+    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
+        "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_SECONDS,
+        "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
+        **({"password": REDIS_SENTINEL_PASSWORD} if REDIS_SENTINEL_PASSWORD else {}),
+    }
 
 # --- Audits -------------------------------------------------------------------
 AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, minimum=0.1)

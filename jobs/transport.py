@@ -29,6 +29,12 @@ audit worker's CPU). `Channel.conn_or_acquire`, public, hands out one client per
 channel instead; a redis-py client is safe to share between threads, and a new one
 is made when kombu replaces the channel's pool after a disconnect.
 
+`SentinelTransport` is kombu's Sentinel transport (REDIS_SENTINELS) with the same
+hooks: its channel is this module's `Channel` with kombu's `SentinelChannel` behind it,
+and its connections are `config.redis.FailoverAwareConnection`, so a BRPOP on a master
+that is demoted (UNBLOCKED) or a write it refuses (READONLY, NOREPLICAS) is a lost
+connection, which Celery reconnects, rather than a channel error, which stops the worker.
+
 Not covered, as in stock kombu: JSON that carries kombu's own type markers
 (`{"__type__": ..., "__value__": ...}`) whose value fails to decode.
 
@@ -46,6 +52,7 @@ from kombu.transport import redis, virtual
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError
 
+from config.redis import FailoverAwareConnection
 from jobs.deadletters import record_rejected_message
 
 log = logging.getLogger(__name__)
@@ -122,3 +129,11 @@ class Channel(redis.Channel):
 
 class Transport(redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(Channel, redis.SentinelChannel):
+    connection_class = FailoverAwareConnection
+
+
+class SentinelTransport(redis.SentinelTransport):
+    Channel = SentinelChannel

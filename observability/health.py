@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import redis
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+
+from config.redis import redis_client
 
 
 def check_database() -> str:
@@ -19,10 +20,8 @@ def check_database() -> str:
 
 def check_redis() -> str:
     try:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-        )
-        client.ping()
+        # The process's client: under Sentinel, the current master's.
+        redis_client().ping()
     except redis.RedisError as exc:
         return f"error: {exc.__class__.__name__}"
     return "ok"

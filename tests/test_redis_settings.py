@@ -1,0 +1,95 @@
+"""Workers warn at start when their Redis may lose or evict queued work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import redis
+
+from config import devservices
+from config.redis import unsafe_server_settings
+from tests.workers import ROOT, wait_for
+
+
+@pytest.fixture
+def private_redis():
+    """A redis-server of the test's own on a free port: start(*args) -> client."""
+    started = []
+
+    def start(*args: str) -> tuple[redis.Redis, str]:
+        port = devservices.free_port()
+        data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-settings-"))
+        command = [*devservices.redis_command(port, data_dir), *args]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        started.append(process)
+        url = f"redis://127.0.0.1:{port}/0"
+        wait_for(lambda: devservices.redis_answers(url, timeout=0.2), timeout=10, message="redis")
+        return redis.Redis.from_url(url), url
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_server_that_may_lose_or_evict_work_is_named(private_redis):
+    client, _ = private_redis("--maxmemory-policy", "allkeys-lru")  # and no AOF
+    assert unsafe_server_settings(client) == {
+        "appendonly": "no",
+        "maxmemory-policy": "allkeys-lru",
+    }
+
+
+def test_a_server_set_as_documented_passes(private_redis):
+    client, _ = private_redis(
+        "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction"
+    )
+    assert unsafe_server_settings(client) == {}
+
+
+def test_a_server_that_refuses_config_get_is_not_an_error(private_redis):
+    # Managed Redis (ElastiCache, Memorystore) renames or disables CONFIG.
+    client, _ = private_redis("--rename-command", "CONFIG", "")
+    assert unsafe_server_settings(client) == {}
+
+
+@pytest.mark.slow
+def test_a_worker_warns_at_start_about_an_unsafe_server(private_redis, start_worker):
+    _, url = private_redis("--maxmemory-policy", "allkeys-lru")
+    worker = start_worker("audits", env={"REDIS_URL": url})
+    line = wait_for(
+        lambda: next((x for x in worker.lines if "redis.unsafe_settings" in x), None),
+        timeout=20, message="the warning", show=[worker],
+    )  # fmt: skip
+    assert "allkeys-lru" in line and "noeviction" in line and "appendonly" in line
+
+
+def settings_in_subprocess(env: dict, expression: str) -> subprocess.CompletedProcess:
+    code = f"import django; django.setup(); from django.conf import settings; print({expression})"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "true", **env},
+    )  # fmt: skip
+
+
+def test_sentinels_make_a_sentinel_broker_with_the_urls_credentials_and_database():
+    env = {"REDIS_SENTINELS": "10.0.0.1:26379, 10.0.0.2:26380", "REDIS_URL": "redis://:pw@m/2",
+           "REDIS_SENTINEL_MASTER": "plumb"}  # fmt: skip
+    result = settings_in_subprocess(
+        env, "settings.CELERY_BROKER_URL, settings.CELERY_BROKER_TRANSPORT_OPTIONS['master_name']"
+    )
+    assert result.stdout.split() == [
+        "sentinel://:pw@10.0.0.1:26379/2;sentinel://:pw@10.0.0.2:26380/2",
+        "plumb",
+    ], result.stderr
+
+
+def test_a_sentinel_without_a_port_stops_the_process_with_the_variables_name():
+    result = settings_in_subprocess({"REDIS_SENTINELS": "sentinel-1"}, "1")
+    assert result.returncode != 0
+    assert "REDIS_SENTINELS entries are host:port" in result.stderr
