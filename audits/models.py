@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from functools import partial
 
 from django.db import connections, models, transaction
 from django.utils import timezone
@@ -80,8 +79,8 @@ class AuditQuerySet(models.QuerySet):
         """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
 
         A success stores what changed since the page's previous succeeded audit
-        (audits.changes), computed here, once, after the link checks. Once the finish
-        commits, `audit_finished` goes out (a callback URL hears of it).
+        (audits.changes), computed here, once, after the link checks. `audit_finished` goes
+        out inside the finish's transaction (a callback URL's delivery is owed with it).
         """
         finished_at = timezone.now()
         fields = {"status": status, "result": result, "error": error, "finished_at": finished_at}
@@ -102,6 +101,19 @@ class AuditQuerySet(models.QuerySet):
                 if fields["got_worse"]:
                     page_fields["last_worse_at"] = finished_at
                 Page.objects.filter(id=page_id).update(**page_fields)
+            if updated:
+                # Inside the finish's transaction: what a listener owes because of it (a
+                # webhook delivery's row) commits with the finish or not at all, and it
+                # publishes on commit. Sent after the commit, a worker killed in between
+                # (or a database that failed over) left a finished audit whose callback
+                # was never owed. What the listeners need to know comes with it, so an
+                # audit with nothing to deliver costs them no query.
+                audit_finished.send(
+                    sender=Audit,
+                    audit_id=str(audit_id),
+                    callback=bool(callback_url),
+                    changed=bool(fields.get("changes")),
+                )
         if updated:
             log.info(
                 "audit.finished",
@@ -111,17 +123,6 @@ class AuditQuerySet(models.QuerySet):
                     "error": error,
                     "changes": None if fields.get("changes") is None else len(fields["changes"]),
                 },
-            )
-            # What the listeners need to know, so an audit with nothing to deliver costs
-            # them no query.
-            transaction.on_commit(
-                partial(
-                    audit_finished.send,
-                    sender=Audit,
-                    audit_id=str(audit_id),
-                    callback=bool(callback_url),
-                    changed=bool(fields.get("changes")),
-                )  # fmt: skip
             )
         return bool(updated)
 

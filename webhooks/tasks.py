@@ -1,8 +1,8 @@
 """Delivering audits' events to callback URLs: the task, and where it is published.
 
-`audits` announces a committed finish (audits.signals.audit_finished); the delivery
-rows (`audit.finished` to the submission's callback, `audit.changed` to the page's)
-are created here and their messages published on commit. Every wait of a delivery
+`audits` announces a finish inside its transaction (audits.signals.audit_finished); the
+delivery rows (`audit.finished` to the submission's callback, `audit.changed` to the
+page's) are created here, in that transaction, and their messages published on commit. Every wait of a delivery
 (a retry, a busy destination, an open breaker) goes to the delayed store, never into
 a worker as an ETA message: a webhooks worker holds only the deliveries it runs.
 """
