@@ -548,7 +548,7 @@ def wait_for_drain(load: Load, receiver: CallbackReceiver, day: date, timeout: f
     """Until every admitted audit, every delivery owed and every page of the night is done."""
     from django.db import connections
 
-    began = time.monotonic()
+    began = reported = time.monotonic()
     while time.monotonic() - began < timeout:
         # A script has no request to run Django's connection health checks: a connection
         # the PostgreSQL restart or failover killed would fail the next query.
@@ -558,6 +558,11 @@ def wait_for_drain(load: Load, receiver: CallbackReceiver, day: date, timeout: f
         night = account_night(day)
         if not (audits["lost"] or deliveries["deliveries_lost"] or night["night_not_reaudited"]):
             break
+        if time.monotonic() - reported >= 60:
+            reported = time.monotonic()
+            print(f"  drain {reported - began:4.0f} s: audits unfinished {audits['lost']}, deliveries not arrived "
+                  f"{deliveries['deliveries_lost']}, night pages not re-audited {night['night_not_reaudited']}",
+                  flush=True)  # fmt: skip
         time.sleep(5)
     return time.monotonic() - began
 
