@@ -34,7 +34,8 @@ The load, for --minutes (D seconds):
            --fault-rounds rounds of: Redis stopped and started again empty (at 0.2 D of
            the round's share), the PostgreSQL primary restarted (0.4), a Sentinel
            failover (0.8, `--sentinel` only); in the last round the primary dies and the
-           replica is promoted (0.6). A 5-minute run sees every fault once.
+           replica is promoted (0.6); each 15 s past those fractions, between a
+           SIGKILL and a burst. A 5-minute run sees every fault once.
 
 Then it stops the load and waits for the drain (up to --drain-timeout: the periodic
 reconciliation under beat publishes again what Redis lost). Reported: submitted,
@@ -352,7 +353,9 @@ def fault_schedule(load_seconds: float, rounds: int, *, broker, cluster: PgClust
     share = load_seconds / rounds
     faults = [Fault(0.1 * load_seconds, "night fanned out", night)]
     for number in range(rounds):
-        start = number * share
+        # 15 s past the round's fractions: between a SIGKILL (each minute) and a burst (each
+        # half past), so what each fault costs can be told apart in the logs.
+        start = number * share + 15
         faults += [
             Fault(start + 0.2 * share, "Redis stopped, started again empty",
                   lambda: broker.restart_empty(REDIS_DOWN_SECONDS)),
@@ -618,7 +621,7 @@ def report(results: dict) -> None:
     print("\npeak resident memory (MiB): main process / largest other process / whole group")
     for role, peak in sorted(results["memory_kib"].items()):
         cells = [f"{peak.get(k, 0) / 1024:6.1f}" for k in ("main", "child", "group")]
-        print(f"  {role:<16} {' / '.join(cells)}")
+        print(f"  {role:<18} {' / '.join(cells)}")
 
 
 def main() -> int:
