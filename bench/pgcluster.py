@@ -9,7 +9,7 @@
 The servers run as the `postgres` OS user (PostgreSQL refuses root): when this runs as
 root, through `runuser -u postgres`. Data directories and unix sockets live in one
 temporary directory owned by that user; ports are free ones. The binaries are
-PostgreSQL 15's (PG_BIN to use others).
+PostgreSQL 15's (`PG_BIN`), the version the machines and CI install.
 
 The replica is synchronous (`synchronous_standby_names='*'` on the primary): a commit
 returns once the replica has flushed it, so a promotion after the primary dies has
@@ -33,7 +33,7 @@ import psycopg
 
 from config import devservices
 
-PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
 OS_USER = "postgres"
 
 
