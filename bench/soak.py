@@ -365,13 +365,18 @@ def fault_schedule(load_seconds: float, rounds: int, *, broker, cluster: PgClust
             faults.append(Fault(start + 0.6 * share, "PostgreSQL primary killed, replica promoted",
                                 cluster.fail_over))  # fmt: skip
         if sentinel:
-            faults.append(Fault(start + 0.8 * share, "Sentinel failover", broker.fail_over))
+            faults.append(
+                Fault(start + 0.8 * share, "Sentinel failover", lambda: broker.fail_over())
+            )
     down = RECEIVER_DOWN_EVERY - RECEIVER_DOWN_SECONDS
     while down < load_seconds:
         faults += [Fault(down, "receiver down", receiver.down),
                    Fault(down + RECEIVER_DOWN_SECONDS, "receiver up", receiver.up)]  # fmt: skip
         down += RECEIVER_DOWN_EVERY
-    return sorted(faults, key=lambda fault: fault.at)
+    # The receiver comes back after the load in any case (main).
+    return sorted(
+        (fault for fault in faults if fault.at < load_seconds), key=lambda fault: fault.at
+    )
 
 
 class FaultRunner(threading.Thread):
