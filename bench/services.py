@@ -3,6 +3,7 @@
 - `ensure_database()`: DATABASE_URL's PostgreSQL database, created when missing (a
   fresh machine has the server but not the benchmark's database).
 - `start_redis()`: REDIS_URL when set, else a throwaway redis-server on a free port.
+- `PrivateRedis`: a redis-server of the benchmark's own that can be restarted empty.
 - `create_database()`: a fresh database next to DATABASE_URL's (PostgreSQL, the local
   one when DATABASE_URL is not set) or a temporary SQLite file, with its dropper.
 - `QuietHandler`: the base of a benchmark's downstream site on 127.0.0.1.
@@ -18,6 +19,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -58,6 +60,45 @@ def start_redis():
     port = devservices.free_port()
     process = devservices.start_redis(port, Path(tempfile.mkdtemp(prefix="plumb-bench-redis-")))
     return process, f"redis://127.0.0.1:{port}/0"
+
+
+class PrivateRedis:
+    """A redis-server on a free port, never persisted: `restart_empty()` stops it and starts
+    it again with nothing in it, as a Redis that lost its data (a crash, a new host) does.
+
+    A broker set-up for the soak: `stack_env()` is what the stack's processes are given to
+    reach it (a Sentinel set-up gives its own; bench/soak.py `--sentinel`).
+    """
+
+    def __init__(self):
+        self.port = devservices.free_port()
+        self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stack_env(self) -> dict[str, str]:
+        return {"REDIS_URL": self.url}
+
+    def pids(self) -> dict[str, int]:
+        return {"redis-server": self.process.pid} if self.process else {}
+
+    def start(self) -> PrivateRedis:
+        self.process = devservices.start_redis(self.port, self.data_dir)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def restart_empty(self, down_seconds: float) -> None:
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
 
 
 def create_database(*, sqlite_fallback: bool = True):

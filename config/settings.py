@@ -12,10 +12,9 @@ import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.env import database_config, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PLUMB_VAR_DIR", str(BASE_DIR / "var")))
@@ -112,7 +111,7 @@ DB_POOL_TIMEOUT_SECONDS = env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1
 # bounded by the process count (docs/workers.md has the budget), not by how
 # many retries come due at once.
 DATABASES = {
-    "default": dj_database_url.parse(
+    "default": database_config(
         DATABASE_URL,
         # A pooled connection goes back to the pool at the end of each request
         # or task: Django requires conn_max_age 0 with the pool.

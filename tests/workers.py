@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.db import connection
@@ -23,14 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def database_url_for_workers() -> str:
-    """The test database (the one pytest-django created) as a DATABASE_URL."""
+    """The test database (the one pytest-django created) as a DATABASE_URL: DATABASE_URL
+    with the test database's name, so its host list and options (a multi-host URL's
+    target_session_attrs) carry over."""
     db = connection.settings_dict
     if db["ENGINE"] == "django.db.backends.sqlite3":
         return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] or ""
-    if db["PASSWORD"]:
-        auth += f":{db['PASSWORD']}"
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return urlunsplit(urlsplit(settings.DATABASE_URL)._replace(path=f"/{db['NAME']}"))
 
 
 def reaudit_as_make_run() -> dict:
