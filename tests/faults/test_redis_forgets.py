@@ -170,7 +170,7 @@ def test_a_night_whose_redis_restarts_empty_mid_window_reaudits_every_page_once(
     }
     # Pages without links: each re-audit is one fetch (link checks have their own test).
     Page.objects.bulk_create(
-        Page(url=f"{site.base_url}/noindex?d={domain}&p={n}", domain=domain)
+        Page(url=f"{site.base_url}/noindex?d={domain}&p={n}", domain=domain, reaudit_nightly=True)
         for domain in ("alpha.test", "beta.test", "gamma.test")
         for n in range(4)
     )
