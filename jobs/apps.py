@@ -7,9 +7,12 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         # Django's place for wiring that needs the models loaded: the publish stamp and
-        # task log lines (Celery signals), and the breakers' gauge.
-        from jobs import breakers, instrumentation  # noqa: F401
+        # task log lines (Celery signals), the breakers' gauge, and replayed dead letters'
+        # retention.
+        from jobs import breakers, deadletters, instrumentation, retention  # noqa: F401
         from observability import gauges
+
+        retention.register(deadletters.RETENTION)
 
         gauges.register(
             "breakers",

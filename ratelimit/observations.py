@@ -21,6 +21,7 @@ import redis
 from django.db import models
 
 from config.redis import lua, redis_client
+from jobs.retention import PrunableKind
 from ratelimit.headers import LimitHeaders
 
 log = logging.getLogger(__name__)
@@ -331,3 +332,21 @@ def latest_from_database(
     if standing is not None and standing.timestamp() > (observation.blocked_until or 0.0):
         observation = Observation(**{**observation.__dict__, "blocked_until": standing.timestamp()})
     return observation
+
+
+def aged_out_observations(cutoff: datetime):
+    """Observations made before `cutoff`. Admission reads the newest one of a bucket (from
+    Redis; the database only when Redis has lost it), and a days-old word on a bucket
+    has long been reset; a row whose block reaches past the cutoff stays all the same."""
+    return RateLimitObservation.objects.filter(observed_at__lt=cutoff).exclude(
+        blocked_until__gte=cutoff
+    )
+
+
+RETENTION = PrunableKind(
+    name="ratelimit_observations",
+    horizon_setting="RATELIMIT_OBSERVATION_RETENTION_DAYS",
+    aged_out=aged_out_observations,
+    walk=("observed_at", "id"),
+    description="outbound rate-limit observations, history only",
+)

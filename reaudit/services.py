@@ -82,7 +82,6 @@ def fan_out(
     spacing = (
         settings.REAUDIT_DOMAIN_SPACING_SECONDS if spacing_seconds is None else spacing_seconds
     )
-    prune_placements(before=day - timedelta(days=1))
 
     # One transaction: a fan-out that dies half-way leaves no record, and the
     # next run (a retry, a second beat, the command) starts it afresh.
@@ -391,9 +390,3 @@ def count_scheduled() -> int:
     if night_id is None:
         return 0
     return Placement.objects.filter(fan_out_id=night_id, fired_at__isnull=True).count()
-
-
-def prune_placements(*, before: date) -> int:
-    """Delete the placement rows of nights before `before` (their FanOut rows stay)."""
-    deleted, _ = Placement.objects.filter(fan_out__day__lt=before).delete()
-    return deleted

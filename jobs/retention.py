@@ -1,0 +1,195 @@
+"""Retention: what each app lets go of, and when, pruned by one loop in small batches.
+
+Each app registers its prunable kinds from its AppConfig.ready(), as it registers its
+gauges: a name, the setting that holds its horizon in days, and the queryset of its rows
+that have aged out past a cutoff. An app that still needs some rows of another app's
+kind (webhooks: an audit whose delivery is not finished) narrows that kind with `keep`,
+so dependencies still point one way. `prune` (the daily `jobs.prune` task and
+`manage.py prune`) runs every kind in registration order.
+
+A kind is deleted in batches: the next RETENTION_BATCH_SIZE rows of the aged-out
+queryset, walked in the order of `walk` (the columns of an index, so each batch starts
+where the last ended, never re-reading what it deleted), then deleted by primary key in
+a transaction of their own, re-checked against the aged-out queryset as they go. A
+batch locks only the rows it deletes, which no worker writes any more.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connections, models, transaction
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+AgedOut = Callable[[datetime], models.QuerySet]
+Narrowing = Callable[[models.QuerySet], models.QuerySet]
+
+
+@dataclass(frozen=True)
+class PrunableKind:
+    """Rows of one model that may be deleted once older than `horizon_setting` days.
+
+    aged_out(cutoff)  the rows that may go, given the moment before which they aged out
+    walk              the columns the batches walk in order, unique together, led by the
+                      columns of an index that serves `aged_out` (keyset pagination)
+    """
+
+    name: str
+    horizon_setting: str
+    aged_out: AgedOut
+    walk: tuple[str, ...]
+    description: str = ""
+
+    @property
+    def horizon_days(self) -> float:
+        return getattr(settings, self.horizon_setting)
+
+
+@dataclass
+class Pruned:
+    kind: str
+    deleted: int = 0
+    batches: int = 0
+    # Rows of other models deleted with them (Django's cascade), by model label.
+    cascaded: dict[str, int] = field(default_factory=dict)
+    finished: bool = True
+
+
+_kinds: dict[str, PrunableKind] = {}
+_narrowings: dict[str, list[Narrowing]] = {}
+
+
+def register(kind: PrunableKind) -> None:
+    """Add (or replace) the kind called `kind.name`."""
+    _kinds[kind.name] = kind
+
+
+def keep(kind_name: str, narrowing: Narrowing) -> None:
+    """Let another app keep rows of `kind_name` it still needs: `narrowing` takes the
+    aged-out rows and returns those that may still go."""
+    _narrowings.setdefault(kind_name, []).append(narrowing)
+
+
+def kinds() -> list[PrunableKind]:
+    return list(_kinds.values())
+
+
+def kind(name: str) -> PrunableKind:
+    return _kinds[name]
+
+
+def cutoff(prunable: PrunableKind, now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) - timedelta(days=prunable.horizon_days)
+
+
+def aged_out(prunable: PrunableKind, now: datetime | None = None) -> models.QuerySet:
+    """The rows of the kind that would be deleted now, every `keep` applied."""
+    rows = prunable.aged_out(cutoff(prunable, now))
+    for narrowing in _narrowings.get(prunable.name, []):
+        rows = narrowing(rows)
+    return rows
+
+
+def count(prunable: PrunableKind, now: datetime | None = None) -> int:
+    return aged_out(prunable, now).count()
+
+
+def prune(
+    prunable: PrunableKind,
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    deadline: float | None = None,
+) -> Pruned:
+    """Delete the kind's aged-out rows in batches; stop early past `deadline` (monotonic).
+
+    The cutoff is fixed once, so rows ageing out while it runs wait for the next run.
+    """
+    batch_size = batch_size or settings.RETENTION_BATCH_SIZE
+    rows = aged_out(prunable, now)
+    model = rows.model
+    walk = [_attname(model, name) for name in prunable.walk]
+    pruned = Pruned(prunable.name)
+    position = None
+    while True:
+        page = rows if position is None else rows.filter(_after(rows, walk, position))
+        batch = list(page.order_by(*walk).values_list(*walk, "pk")[:batch_size])
+        if not batch:
+            break
+        with transaction.atomic(using=rows.db):
+            # The batch is deleted as it still stands: a row that stopped qualifying
+            # since it was read (a delivery retried meanwhile) stays.
+            _, by_model = rows.filter(pk__in=[row[-1] for row in batch]).only("pk").delete()
+        pruned.batches += 1
+        for label, deleted in by_model.items():
+            if label == model._meta.label:
+                pruned.deleted += deleted
+            else:
+                pruned.cascaded[label] = pruned.cascaded.get(label, 0) + deleted
+        position = batch[-1][:-1]
+        if len(batch) < batch_size:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            pruned.finished = False
+            break
+    if pruned.deleted or pruned.cascaded:
+        log.info(
+            "retention.pruned",
+            extra={
+                "kind": prunable.name,
+                "deleted": pruned.deleted,
+                "cascaded": pruned.cascaded,
+                "batches": pruned.batches,
+                "horizon_days": prunable.horizon_days,
+                "finished": pruned.finished,
+            },
+        )
+    return pruned
+
+
+def prune_all(
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    deadline: float | None = None,
+    names: list[str] | None = None,
+) -> list[Pruned]:
+    """Prune every registered kind (or those `names`) in registration order, until the
+    deadline: kinds not reached by then are reported unfinished."""
+    results = []
+    for prunable in kinds():
+        if names is not None and prunable.name not in names:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            results.append(Pruned(prunable.name, finished=False))
+            continue
+        results.append(prune(prunable, now=now, batch_size=batch_size, deadline=deadline))
+    return results
+
+
+def _attname(model: type[models.Model], name: str) -> str:
+    """A foreign key walks by its column (`fan_out_id`), never by the related model's ordering."""
+    return model._meta.get_field(name).attname
+
+
+def _after(rows: models.QuerySet, walk: list[str], position: tuple) -> RawSQL:
+    """`(walk columns) > position`, as one row comparison: PostgreSQL starts the index
+    scan right there, where `a > x OR (a = x AND b > y)` would start it at `a = x` and
+    step over every row of that `a` already deleted (a night's placements)."""
+    model = rows.model
+    connection = connections[rows.db]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    fields = [model._meta.get_field(name) for name in walk]
+    columns = ", ".join(f"{table}.{quote(f.column)}" for f in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    params = [f.get_db_prep_value(v, connection) for f, v in zip(fields, position, strict=True)]
+    return RawSQL(f"({columns}) > ({placeholders})", params, output_field=models.BooleanField())
