@@ -18,8 +18,12 @@ from audits.models import Audit, LinkCheck
 from jobs.retention import PrunableKind
 
 
-def aged_out_audits(cutoff: datetime) -> QuerySet:
-    """Finished audits created before `cutoff`, but never a page's latest success.
+def audits_created_before(cutoff: datetime) -> QuerySet:
+    return Audit.objects.filter(created_at__lt=cutoff)
+
+
+def audits_that_may_go(audits: QuerySet) -> QuerySet:
+    """The finished ones, but never a page's latest success.
 
     "Latest" as the finish reads it, by `finished_at`: a success goes only once a later
     success of its page exists (one probe of audit_page_success_idx); two successes
@@ -30,29 +34,41 @@ def aged_out_audits(cutoff: datetime) -> QuerySet:
         status=Audit.Status.SUCCEEDED,
         finished_at__gt=OuterRef("finished_at"),
     )
-    return Audit.objects.filter(created_at__lt=cutoff, status__in=Audit.FINISHED).filter(
+    return audits.filter(status__in=Audit.FINISHED).filter(
         Q(status=Audit.Status.FAILED) | Exists(later_success)
     )
 
 
-def aged_out_link_checks(cutoff: datetime) -> QuerySet:
-    """Link-check rows created before `cutoff` whose audit has finished."""
-    return LinkCheck.objects.filter(created_at__lt=cutoff, audit__status__in=Audit.FINISHED)
+def link_checks_created_before(cutoff: datetime) -> QuerySet:
+    return LinkCheck.objects.filter(created_at__lt=cutoff)
+
+
+UNFINISHED = [status for status in Audit.Status if status not in Audit.FINISHED]
+
+
+def link_checks_that_may_go(link_checks: QuerySet) -> QuerySet:
+    """Those whose audit has finished. Asked as "no unfinished audit", which reads the few
+    unfinished audits by their status index, not every finished one (a hash of them all,
+    for each batch, on a table not analyzed since the night)."""
+    unfinished_audit = Audit.objects.filter(id=OuterRef("audit_id"), status__in=UNFINISHED)
+    return link_checks.exclude(Exists(unfinished_audit))
 
 
 KINDS = [
     PrunableKind(
         name="link_checks",
         horizon_setting="LINK_CHECK_RETENTION_DAYS",
-        aged_out=aged_out_link_checks,
+        old_enough=link_checks_created_before,
         walk=("created_at", "id"),
+        may_go=link_checks_that_may_go,
         description="link-check rows of finished audits, whose result keeps them",
     ),
     PrunableKind(
         name="audits",
         horizon_setting="AUDIT_RETENTION_DAYS",
-        aged_out=aged_out_audits,
+        old_enough=audits_created_before,
         walk=("created_at", "id"),
+        may_go=audits_that_may_go,
         description="finished audits, except each page's latest success",
     ),
 ]

@@ -164,7 +164,7 @@ def send_on_commit(task, args, kwargs) -> str:
     return task_id
 
 
-def aged_out_replayed(cutoff: datetime):
+def replayed_before(cutoff: datetime):
     """Dead letters replayed before `cutoff`: their task ran again and has its own record
     (a new dead letter if it failed again). One never replayed stays: it is still owed."""
     return DeadLetter.objects.filter(replayed_at__lt=cutoff)
@@ -173,7 +173,7 @@ def aged_out_replayed(cutoff: datetime):
 RETENTION = PrunableKind(
     name="dead_letters",
     horizon_setting="DEAD_LETTER_RETENTION_DAYS",
-    aged_out=aged_out_replayed,
+    old_enough=replayed_before,
     walk=("replayed_at", "id"),
     description="dead letters replayed that long ago",
 )

@@ -7,11 +7,15 @@ kind (webhooks: an audit whose delivery is not finished) narrows that kind with 
 so dependencies still point one way. `prune` (the daily `jobs.prune` task and
 `manage.py prune`) runs every kind in registration order.
 
-A kind is deleted in batches: the next RETENTION_BATCH_SIZE rows of the aged-out
-queryset, walked in the order of `walk` (the columns of an index, so each batch starts
-where the last ended, never re-reading what it deleted), then deleted by primary key in
-a transaction of their own, re-checked against the aged-out queryset as they go. A
-batch locks only the rows it deletes, which no worker writes any more.
+A kind is deleted in batches. A batch is the next RETENTION_BATCH_SIZE rows old enough
+to go (`old_enough`: a range of one index, nothing else), walked in the order of `walk`
+(that index's columns, so each batch starts where the last ended and never re-reads
+what it deleted); of those, the rows that may go (`may_go` and every `keep`) are
+deleted by primary key in a transaction of their own. Reading the batch by the index
+alone keeps its plan one index range whatever PostgreSQL's statistics say: with the
+conditions in the same query, tables not analyzed since a night's rows arrived had it
+sort every aged-out row for each batch (DECISIONS.md, "Retention"). A batch locks only
+the rows it deletes, which no worker writes any more.
 """
 
 from __future__ import annotations
@@ -29,23 +33,29 @@ from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
-AgedOut = Callable[[datetime], models.QuerySet]
+OldEnough = Callable[[datetime], models.QuerySet]
 Narrowing = Callable[[models.QuerySet], models.QuerySet]
+
+
+def _everything(rows: models.QuerySet) -> models.QuerySet:
+    return rows
 
 
 @dataclass(frozen=True)
 class PrunableKind:
     """Rows of one model that may be deleted once older than `horizon_setting` days.
 
-    aged_out(cutoff)  the rows that may go, given the moment before which they aged out
-    walk              the columns the batches walk in order, unique together, led by the
-                      columns of an index that serves `aged_out` (keyset pagination)
+    old_enough(cutoff)  the rows older than the cutoff: one index range, no other condition
+    walk                the columns the batches walk in order, unique together, led by
+                        that index's columns (keyset pagination)
+    may_go(rows)        those of `rows` that may be deleted (the conditions besides age)
     """
 
     name: str
     horizon_setting: str
-    aged_out: AgedOut
+    old_enough: OldEnough
     walk: tuple[str, ...]
+    may_go: Narrowing = _everything
     description: str = ""
 
     @property
@@ -90,12 +100,17 @@ def cutoff(prunable: PrunableKind, now: datetime | None = None) -> datetime:
     return (now or timezone.now()) - timedelta(days=prunable.horizon_days)
 
 
-def aged_out(prunable: PrunableKind, now: datetime | None = None) -> models.QuerySet:
-    """The rows of the kind that would be deleted now, every `keep` applied."""
-    rows = prunable.aged_out(cutoff(prunable, now))
+def may_go(prunable: PrunableKind, rows: models.QuerySet) -> models.QuerySet:
+    """Those of `rows` that may be deleted: the kind's conditions and every `keep`."""
+    rows = prunable.may_go(rows)
     for narrowing in _narrowings.get(prunable.name, []):
         rows = narrowing(rows)
     return rows
+
+
+def aged_out(prunable: PrunableKind, now: datetime | None = None) -> models.QuerySet:
+    """The rows of the kind that would be deleted now."""
+    return may_go(prunable, prunable.old_enough(cutoff(prunable, now)))
 
 
 def count(prunable: PrunableKind, now: datetime | None = None) -> int:
@@ -114,20 +129,25 @@ def prune(
     The cutoff is fixed once, so rows ageing out while it runs wait for the next run.
     """
     batch_size = batch_size or settings.RETENTION_BATCH_SIZE
-    rows = aged_out(prunable, now)
-    model = rows.model
+    old_enough = prunable.old_enough(cutoff(prunable, now))
+    model = old_enough.model
     walk = [_attname(model, name) for name in prunable.walk]
     pruned = Pruned(prunable.name)
     position = None
     while True:
-        page = rows if position is None else rows.filter(_after(rows, walk, position))
-        batch = list(page.order_by(*walk).values_list(*walk, "pk")[:batch_size])
+        rows = (
+            old_enough
+            if position is None
+            else old_enough.filter(_after(old_enough, walk, position))
+        )
+        batch = list(rows.order_by(*walk).values_list(*walk, "pk")[:batch_size])
         if not batch:
             break
-        with transaction.atomic(using=rows.db):
-            # The batch is deleted as it still stands: a row that stopped qualifying
-            # since it was read (a delivery retried meanwhile) stays.
-            _, by_model = rows.filter(pk__in=[row[-1] for row in batch]).only("pk").delete()
+        with transaction.atomic(using=old_enough.db):
+            # Checked as the batch is deleted: a row that stopped qualifying since an
+            # earlier read (a delivery retried meanwhile) stays.
+            doomed = may_go(prunable, model.objects.filter(pk__in=[row[-1] for row in batch]))
+            _, by_model = doomed.only("pk").delete()
         pruned.batches += 1
         for label, deleted in by_model.items():
             if label == model._meta.label:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 import redis
 from django.db import models
+from django.utils import timezone
 
 from config.redis import lua, redis_client
 from jobs.retention import PrunableKind
@@ -334,19 +335,22 @@ def latest_from_database(
     return observation
 
 
-def aged_out_observations(cutoff: datetime):
-    """Observations made before `cutoff`. Admission reads the newest one of a bucket (from
-    Redis; the database only when Redis has lost it), and a days-old word on a bucket
-    has long been reset; a row whose block reaches past the cutoff stays all the same."""
-    return RateLimitObservation.objects.filter(observed_at__lt=cutoff).exclude(
-        blocked_until__gte=cutoff
-    )
+def observed_before(cutoff: datetime):
+    return RateLimitObservation.objects.filter(observed_at__lt=cutoff)
+
+
+def not_blocking(observations):
+    """Admission reads the newest observation of a bucket (from Redis; the database only
+    when Redis has lost it), and a days-old word on a bucket has long been reset; a row
+    whose block still stands stays all the same."""
+    return observations.exclude(blocked_until__gte=timezone.now())
 
 
 RETENTION = PrunableKind(
     name="ratelimit_observations",
     horizon_setting="RATELIMIT_OBSERVATION_RETENTION_DAYS",
-    aged_out=aged_out_observations,
+    old_enough=observed_before,
     walk=("observed_at", "id"),
+    may_go=not_blocking,
     description="outbound rate-limit observations, history only",
 )

@@ -25,28 +25,31 @@ def closed_nights_before(cutoff: datetime) -> QuerySet:
     )
 
 
-def aged_out_placements(cutoff: datetime) -> QuerySet:
-    return Placement.objects.filter(fan_out__in=closed_nights_before(cutoff).values("id"))
+def placements_of_closed_nights_before(cutoff: datetime) -> QuerySet:
+    # The nights' ids as values, not a subquery: the walk is then a range of the
+    # (night, page) index, whatever the statistics.
+    nights = list(closed_nights_before(cutoff).values_list("id", flat=True))
+    return Placement.objects.filter(fan_out_id__in=nights)
 
 
-def aged_out_nights(cutoff: datetime) -> QuerySet:
-    placements = Placement.objects.filter(fan_out_id=OuterRef("id"))
-    return closed_nights_before(cutoff).exclude(Exists(placements))
+def nights_without_placements(nights: QuerySet) -> QuerySet:
+    return nights.exclude(Exists(Placement.objects.filter(fan_out_id=OuterRef("id"))))
 
 
 KINDS = [
     PrunableKind(
         name="reaudit_placements",
         horizon_setting="REAUDIT_PLACEMENT_RETENTION_DAYS",
-        aged_out=aged_out_placements,
+        old_enough=placements_of_closed_nights_before,
         walk=("fan_out", "page"),
         description="placements of closed nights",
     ),
     PrunableKind(
         name="reaudit_nights",
         horizon_setting="REAUDIT_NIGHT_RETENTION_DAYS",
-        aged_out=aged_out_nights,
+        old_enough=closed_nights_before,
         walk=("day",),
+        may_go=nights_without_placements,
         description="closed nights and their slices, once their placements are gone",
     ),
 ]

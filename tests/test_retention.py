@@ -238,6 +238,7 @@ def test_placements_of_closed_nights_go_in_batches_and_then_the_nights(settings)
     }  # fmt: skip
     # The old night went in the same run, once its placements had; its slice with it.
     assert results["reaudit_nights"].deleted == 1
+    assert not SliceRun.objects.filter(fan_out_id=old.id).exists()
     assert results["reaudit_nights"].cascaded == {"reaudit.SliceRun": 1}
     assert set(FanOut.objects.values_list("id", flat=True)) == {
         still_open.id, yesterday.id, today.id,

@@ -17,8 +17,12 @@ from jobs.retention import PrunableKind
 from webhooks.models import Delivery
 
 
-def aged_out_deliveries(cutoff: datetime) -> QuerySet:
-    return Delivery.objects.filter(created_at__lt=cutoff, status__in=Delivery.FINISHED)
+def deliveries_created_before(cutoff: datetime) -> QuerySet:
+    return Delivery.objects.filter(created_at__lt=cutoff)
+
+
+def finished_deliveries(deliveries: QuerySet) -> QuerySet:
+    return deliveries.filter(status__in=Delivery.FINISHED)
 
 
 def without_owed_deliveries(audits: QuerySet) -> QuerySet:
@@ -29,7 +33,8 @@ def without_owed_deliveries(audits: QuerySet) -> QuerySet:
 KIND = PrunableKind(
     name="webhook_deliveries",
     horizon_setting="WEBHOOK_DELIVERY_RETENTION_DAYS",
-    aged_out=aged_out_deliveries,
+    old_enough=deliveries_created_before,
     walk=("created_at", "id"),
+    may_go=finished_deliveries,
     description="delivered or failed webhook deliveries",
 )
