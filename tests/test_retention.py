@@ -334,3 +334,67 @@ def test_the_beat_entry_prunes_through_a_reaudit_worker(start_worker):
         timeout=30, message="the reaudit worker to prune the old audit",
     )  # fmt: skip
     assert Audit.objects.count() == 1
+
+
+# --- plans ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "index", "statistics"),
+    [
+        ("audits", "audits_audit_created_at", "as they are"),
+        ("audits", "audits_audit_created_at", "fresh"),
+        ("link_checks", "link_check_created_idx", "as they are"),
+        ("link_checks", "link_check_created_idx", "fresh"),
+        # Not "as they are": unanalyzed, PostgreSQL reads the night's placements by the
+        # slice index and sorts them (DECISIONS.md, "Retention").
+        ("reaudit_placements", "placement_once_per_night", "fresh"),
+    ],
+)
+def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
+    """On tables never analyzed since their rows came (a night's), a batch read with the
+    kind's conditions sorted every aged-out row, for each batch; read by its index alone,
+    it starts where the last batch ended."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the plans are PostgreSQL's")
+    # Enough rows that reading them all is never the cheap plan (a night has millions).
+    pages = Page.objects.bulk_create(
+        Page(url=f"https://p{n}.test/", domain=f"p{n}.test") for n in range(2000)
+    )
+    audits = Audit.objects.bulk_create(
+        Audit(page=page, status="succeeded", finished_at=OLD)
+        for page in pages[:200]
+        for _ in range(5)
+    )
+    LinkCheck.objects.bulk_create(
+        LinkCheck(audit=audit, url=f"https://l.test/{n}", status="ok")
+        for audit in audits
+        for n in range(4)
+    )
+    with connection.cursor() as cursor:  # a day of rows, each created at its own instant
+        for table in ("audits_audit", "audits_linkcheck"):
+            cursor.execute(
+                f"UPDATE {table} SET created_at = %s + random() * interval '1 day'", [OLD]
+            )
+    make_night(5, closed=True, pages=pages)
+    if statistics == "fresh":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE audits_audit, audits_linkcheck, reaudit_placement")
+
+    with CaptureQueriesContext(connection) as queries:
+        prune(kind, batch_size=100)
+
+    walks = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("SELECT") and " > (" in q["sql"]
+    ]
+    assert walks, [q["sql"] for q in queries.captured_queries]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + walks[-1])
+        chosen = "\n".join(row for (row,) in cursor.fetchall())
+    assert index in chosen and "Index Cond" in chosen, chosen
+    assert "Seq Scan" not in chosen and "Hash" not in chosen, chosen
