@@ -13,8 +13,9 @@ a placement a page, the night's fan-out and slices; an `audit.changed` delivery 
 page in twenty; rate-limit observations; a few replayed dead letters). Then it runs
 the registered prune (jobs.retention.prune_all, the daily task's loop) as of noon the
 next day, with every horizon at `--horizon` days (placements at their default, a day),
-and a plain VACUUM of the tables, standing in for autovacuum (off on the development
-machine). It records the total relation size (heap, TOAST, indexes) after each night.
+and a VACUUM ANALYZE of the tables, standing in for autovacuum (off on the development
+machine; without statistics, a batch of audits deletes its link checks by a scan of the
+whole table, DECISIONS.md "Retention"). It records the total relation size (heap, TOAST, indexes) after each night.
 
 Bytes per audit and per link check are the size deltas of the first night, per row:
 `pg_total_relation_size` of the audits and link-check tables, split into heap, TOAST
@@ -285,12 +286,13 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
 
 
 def vacuum() -> None:
-    """What autovacuum does after a prune: makes the deleted rows' space reusable."""
+    """What autovacuum does after a night and its prune: makes the deleted rows' space
+    reusable, and gives the planner statistics of the tables as they now are."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         for table in TABLES.values():
-            cursor.execute(f"VACUUM {table}")
+            cursor.execute(f"VACUUM ANALYZE {table}")
 
 
 def table_sizes() -> dict[str, int]:
