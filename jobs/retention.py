@@ -183,12 +183,13 @@ def prune_all(
     names: list[str] | None = None,
 ) -> list[Pruned]:
     """Prune every registered kind (or those `names`) in registration order, until the
-    deadline: kinds not reached by then are reported unfinished."""
+    deadline: kinds not reached by then are reported unfinished. The first kind gets at
+    least one batch, so a run always makes progress."""
     results = []
     for prunable in kinds():
         if names is not None and prunable.name not in names:
             continue
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and results and time.monotonic() > deadline:
             results.append(Pruned(prunable.name, finished=False))
             continue
         results.append(prune(prunable, now=now, batch_size=batch_size, deadline=deadline))

@@ -398,3 +398,19 @@ def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
         chosen = "\n".join(row for (row,) in cursor.fetchall())
     assert index in chosen and "Index Cond" in chosen, chosen
     assert "Seq Scan" not in chosen and "Hash" not in chosen, chosen
+
+
+def test_a_daily_run_out_of_time_queues_its_continuation_on_the_reaudit_queue(
+    settings, redis_client
+):
+    from jobs.tasks import prune as prune_task
+
+    settings.RETENTION_BATCH_SIZE = 10
+    settings.RETENTION_RUN_SECONDS = -1  # out of time after the first batch
+    make_dead_letters(25, replayed_days_ago=40)
+
+    prune_task.run()
+
+    assert DeadLetter.objects.count() == 15
+    assert redis_client.llen(settings.REAUDIT_QUEUE) == 1
+    assert redis_client.llen(settings.AUDIT_QUEUE) == 0
