@@ -8,13 +8,14 @@ class AuditsConfig(AppConfig):
     def ready(self):
         # Django's place for wiring that needs the models loaded: the queue's gauges, its
         # admission limit (so an alert can compare the backlog with it), the pages that
-        # changed, and what it owes, for the reconciler.
+        # changed, what it owes (jobs.reconcile) and what ages out (jobs.retention).
         from django.conf import settings
 
+        from audits import retention as audits_retention
         from audits.admission import queue_gauges
         from audits.pages import change_counts
         from audits.reconcile import SOURCES
-        from jobs import reconcile
+        from jobs import reconcile, retention
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
@@ -22,3 +23,5 @@ class AuditsConfig(AppConfig):
         gauges.register("admission_limit", lambda: {"max_depth": settings.AUDIT_QUEUE_MAX_DEPTH})
         for source in SOURCES:
             reconcile.register(source)
+        for kind in audits_retention.KINDS:
+            retention.register(kind)

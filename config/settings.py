@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import database_config, env_bool, env_float, env_int, env_list, env_str
@@ -407,6 +408,38 @@ if REAUDIT_VISIBILITY_TIMEOUT_SECONDS <= REAUDIT_SLICE_SECONDS:
         f"REAUDIT_SLICE_SECONDS ({REAUDIT_SLICE_SECONDS}): a reaudit worker holds scheduled "
         "placements for up to one slice."
     )
+# --- Retention (jobs.retention: `manage.py prune` and the daily jobs.prune) -------
+# Days each kind of row is kept; each app registers its kinds. An audit still queued
+# or running, a page's latest succeeded audit, an audit still owed a webhook delivery,
+# an open night and an unreplayed dead letter are kept whatever their age.
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 90, minimum=1)
+LINK_CHECK_RETENTION_DAYS = env_int("LINK_CHECK_RETENTION_DAYS", 7, minimum=1)
+WEBHOOK_DELIVERY_RETENTION_DAYS = env_int("WEBHOOK_DELIVERY_RETENTION_DAYS", 30, minimum=1)
+RATELIMIT_OBSERVATION_RETENTION_DAYS = env_int("RATELIMIT_OBSERVATION_RETENTION_DAYS", 7, minimum=1)
+DEAD_LETTER_RETENTION_DAYS = env_int("DEAD_LETTER_RETENTION_DAYS", 30, minimum=1)
+REAUDIT_PLACEMENT_RETENTION_DAYS = env_int("REAUDIT_PLACEMENT_RETENTION_DAYS", 1, minimum=0)
+REAUDIT_NIGHT_RETENTION_DAYS = env_int("REAUDIT_NIGHT_RETENTION_DAYS", 90, minimum=1)
+# Rows deleted per transaction: each batch locks only its own rows, briefly.
+RETENTION_BATCH_SIZE = env_int("RETENTION_BATCH_SIZE", 1000, minimum=1)
+# Hour (UTC) of the daily prune: keep it out of the re-audit's night (REAUDIT_HOUR plus
+# REAUDIT_WINDOW_SECONDS), when the reaudit workers are busy placing and PostgreSQL auditing.
+RETENTION_HOUR = env_int("RETENTION_HOUR", 12, minimum=0)
+if RETENTION_HOUR > 23:
+    raise ImproperlyConfigured(
+        f"RETENTION_HOUR must be an hour of the day (0-23), got {RETENTION_HOUR}"
+    )
+# The prune runs on the reaudit queue: housekeeping like the fan-out, outside the
+# backlog that admission weighs (the `audits` queue's), on workers every deployment
+# runs, whose visibility timeout is long. Each run stops within half of that timeout and
+# publishes its continuation, so the broker never redelivers a prune still running.
+RETENTION_QUEUE = REAUDIT_QUEUE
+RETENTION_RUN_SECONDS = REAUDIT_VISIBILITY_TIMEOUT_SECONDS / 2
+CELERY_BEAT_SCHEDULE["prune-aged-out-rows"] = {
+    "task": "jobs.prune",
+    "schedule": crontab(minute=0, hour=RETENTION_HOUR),
+    # A day's prune not started within hours is tomorrow's to do.
+    "options": {"queue": RETENTION_QUEUE, "expires": 6 * 3600.0},
+}
 # --- Retries, breakers and parked tasks (ratelimit/) ---------------------------
 # Off only to reproduce the old, unjittered policy in a benchmark (bench/retry_storm.py).
 RETRY_JITTER = env_bool("RETRY_JITTER", True)

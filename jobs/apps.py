@@ -8,10 +8,13 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         # Django's place for wiring that needs the models loaded: the publish stamp and
-        # task log lines (Celery signals), the breakers' gauge and the delayed stores'.
+        # task log lines (Celery signals), the breakers' gauge and the delayed stores', and
+        # replayed dead letters' retention.
         from config.redis import redis_client
-        from jobs import breakers, delayed, instrumentation  # noqa: F401
+        from jobs import breakers, deadletters, delayed, instrumentation, retention  # noqa: F401
         from observability import gauges
+
+        retention.register(deadletters.RETENTION)
 
         gauges.register(
             "breakers",

@@ -15,6 +15,7 @@ from kombu.utils.json import dumps, loads
 
 from jobs.errors import CannotReplay, MalformedTaskMessage
 from jobs.models import DeadLetter
+from jobs.retention import PrunableKind
 from observability import metrics
 
 log = logging.getLogger(__name__)
@@ -161,3 +162,18 @@ def send_on_commit(task, args, kwargs) -> str:
     task_id = uuid()
     transaction.on_commit(lambda: task.apply_async(args=args, kwargs=kwargs, task_id=task_id))
     return task_id
+
+
+def replayed_before(cutoff: datetime):
+    """Dead letters replayed before `cutoff`: their task ran again and has its own record
+    (a new dead letter if it failed again). One never replayed stays: it is still owed."""
+    return DeadLetter.objects.filter(replayed_at__lt=cutoff)
+
+
+RETENTION = PrunableKind(
+    name="dead_letters",
+    horizon_setting="DEAD_LETTER_RETENTION_DAYS",
+    old_enough=replayed_before,
+    walk=("replayed_at", "id"),
+    description="dead letters replayed that long ago",
+)

@@ -19,8 +19,10 @@ from datetime import UTC, datetime
 
 import redis
 from django.db import models
+from django.utils import timezone
 
 from config.redis import lua, redis_client
+from jobs.retention import PrunableKind
 from ratelimit.headers import LimitHeaders
 
 log = logging.getLogger(__name__)
@@ -331,3 +333,24 @@ def latest_from_database(
     if standing is not None and standing.timestamp() > (observation.blocked_until or 0.0):
         observation = Observation(**{**observation.__dict__, "blocked_until": standing.timestamp()})
     return observation
+
+
+def observed_before(cutoff: datetime):
+    return RateLimitObservation.objects.filter(observed_at__lt=cutoff)
+
+
+def not_blocking(observations):
+    """Admission reads the newest observation of a bucket (from Redis; the database only
+    when Redis has lost it), and a days-old word on a bucket has long been reset; a row
+    whose block still stands stays all the same."""
+    return observations.exclude(blocked_until__gte=timezone.now())
+
+
+RETENTION = PrunableKind(
+    name="ratelimit_observations",
+    horizon_setting="RATELIMIT_OBSERVATION_RETENTION_DAYS",
+    old_enough=observed_before,
+    walk=("observed_at", "id"),
+    may_go=not_blocking,
+    description="outbound rate-limit observations, history only",
+)

@@ -81,7 +81,6 @@ def fan_out(
     spacing = (
         settings.REAUDIT_DOMAIN_SPACING_SECONDS if spacing_seconds is None else spacing_seconds
     )
-    prune_placements(before=day - timedelta(days=1))
 
     # One transaction: a fan-out that dies half-way leaves no record, and the
     # next run (a retry, a second beat, the command) starts it afresh.
@@ -359,9 +358,3 @@ def night_progress(now: datetime | None = None) -> dict[str, float]:
         "reaudit_placements_fired": night.pages
         - Placement.objects.filter(fan_out=night, fired_at__isnull=True).count(),
     }
-
-
-def prune_placements(*, before: date) -> int:
-    """Delete the placement rows of nights before `before` (their FanOut rows stay)."""
-    deleted, _ = Placement.objects.filter(fan_out__day__lt=before).delete()
-    return deleted

@@ -327,21 +327,6 @@ def test_count_scheduled_counts_every_unfired_placement_of_the_current_night(
     assert services.count_scheduled() == 5
 
 
-def test_a_fan_out_prunes_the_placements_of_nights_before_yesterday(redis_client):
-    make_pages({"a.test": 2})
-    for days in range(3):
-        services.fan_out(
-            DAY + timedelta(days=days),
-            window_seconds=WINDOW,
-            slice_seconds=SLICE,
-            night_tasks=NIGHT_TASKS,
-        )
-
-    kept = set(Placement.objects.values_list("fan_out__day", flat=True))
-    assert kept == {DAY + timedelta(days=1), DAY + timedelta(days=2)}
-    assert FanOut.objects.count() == 3
-
-
 def test_the_command_runs_a_fan_out_and_prints_what_it_placed(redis_client):
     make_pages({"a.test": 3})
     out = io.StringIO()

@@ -7,10 +7,14 @@ class WebhooksConfig(AppConfig):
 
     def ready(self):
         # Django's place for signal receivers (a finished audit schedules its delivery),
-        # and for telling the reconciler what this app owes.
-        from jobs import reconcile
+        # what this app owes (jobs.reconcile), and what ages out (jobs.retention: an audit
+        # still owed a delivery is kept).
+        from jobs import reconcile, retention
         from webhooks import tasks  # noqa: F401
         from webhooks.reconcile import SOURCES
+        from webhooks.retention import KIND, without_owed_deliveries
 
         for source in SOURCES:
             reconcile.register(source)
+        retention.register(KIND)
+        retention.keep("audits", without_owed_deliveries)

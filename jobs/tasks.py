@@ -1,0 +1,33 @@
+"""The job runtime's own task: the daily prune of what has aged out (jobs.retention)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from celery import shared_task
+from django.conf import settings
+
+from jobs import retention
+from jobs.policy import DATABASE_UNAVAILABLE, RetryPolicy
+from jobs.task import PlumbTask
+
+log = logging.getLogger(__name__)
+
+
+class RetentionTask(PlumbTask):
+    # Housekeeping, not the product's work: not counted as jobs.
+    policy = RetryPolicy(retry_on=DATABASE_UNAVAILABLE, counts_as_job=False)
+
+
+@shared_task(base=RetentionTask, name="jobs.prune", queue=settings.RETENTION_QUEUE)
+def prune() -> None:
+    """Prune every kind for up to RETENTION_RUN_SECONDS; publish the rest as a new run."""
+    deadline = time.monotonic() + settings.RETENTION_RUN_SECONDS
+    results = retention.prune_all(deadline=deadline)
+    if not all(result.finished for result in results):
+        log.info(
+            "retention.continued",
+            extra={"unfinished": [result.kind for result in results if not result.finished]},
+        )
+        prune.apply_async(queue=settings.RETENTION_QUEUE)
