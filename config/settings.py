@@ -433,7 +433,10 @@ if RETENTION_HOUR > 23:
 # runs, whose visibility timeout is long. Each run stops within half of that timeout and
 # publishes its continuation, so the broker never redelivers a prune still running.
 RETENTION_QUEUE = REAUDIT_QUEUE
-RETENTION_RUN_SECONDS = REAUDIT_VISIBILITY_TIMEOUT_SECONDS / 2
+# One prune run works this long, then publishes the rest as a new run: short enough that
+# its hard time limit (a run plus 30 s) stays under the reaudit queue's visibility timeout
+# and a worker's stop grace, so a deploy never kills it mid-batch.
+RETENTION_RUN_SECONDS = 60
 CELERY_BEAT_SCHEDULE["prune-aged-out-rows"] = {
     "task": "jobs.prune",
     "schedule": crontab(minute=0, hour=RETENTION_HOUR),

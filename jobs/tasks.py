@@ -9,7 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from jobs import retention
-from jobs.policy import DATABASE_UNAVAILABLE, RetryPolicy
+from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 
 log = logging.getLogger(__name__)
@@ -17,10 +17,17 @@ log = logging.getLogger(__name__)
 
 class RetentionTask(PlumbTask):
     # Housekeeping, not the product's work: not counted as jobs.
-    policy = RetryPolicy(retry_on=DATABASE_UNAVAILABLE, counts_as_job=False)
+    policy = RetryPolicy(counts_as_job=False)
 
 
-@shared_task(base=RetentionTask, name="jobs.prune", queue=settings.RETENTION_QUEUE)
+@shared_task(
+    base=RetentionTask,
+    name="jobs.prune",
+    queue=settings.RETENTION_QUEUE,
+    # A run stops itself at RETENTION_RUN_SECONDS; the limits only catch a stuck batch.
+    soft_time_limit=settings.RETENTION_RUN_SECONDS + 20,
+    time_limit=settings.RETENTION_RUN_SECONDS + 30,
+)
 def prune() -> None:
     """Prune every kind for up to RETENTION_RUN_SECONDS; publish the rest as a new run."""
     deadline = time.monotonic() + settings.RETENTION_RUN_SECONDS
