@@ -101,6 +101,49 @@ class PrivateRedis:
         self.start()
 
 
+class SentinelRedis:
+    """The soak's broker behind Sentinel (`bench/soak.py --sentinel`): a primary, a replica
+    and three sentinels on 127.0.0.1 (config.devservices.SentinelGroup), with the same
+    faults as PrivateRedis plus a failover."""
+
+    def __init__(self):
+        self.group = devservices.SentinelGroup(
+            Path(tempfile.mkdtemp(prefix="plumb-bench-sentinel-"))
+        )
+
+    def stack_env(self) -> dict[str, str]:
+        return self.group.env()
+
+    def pids(self) -> dict[str, int]:
+        return {
+            f"redis-server:{port}": process.pid
+            for port, process in self.group.processes.items()
+            if process.poll() is None
+        }
+
+    def start(self) -> SentinelRedis:
+        self.group.start()
+        return self
+
+    def stop(self) -> None:
+        for process in self.group.processes.values():
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+
+    def restart_empty(self, down_seconds: float) -> None:
+        """Every server of the group goes away and comes back empty (no persistence)."""
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+    def fail_over(self) -> None:
+        """The master dies (SIGKILL); the sentinels promote the replica; the old master
+        comes back as a replica, so the next round can fail over again."""
+        self.group.failover(kill=True)
+        self.group.restart_killed()
+
+
 def create_database(*, sqlite_fallback: bool = True):
     """(url, drop): a new, empty database; call `drop()` when done."""
     url = os.environ.get("DATABASE_URL")

@@ -69,7 +69,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.pgcluster import PgCluster  # noqa: E402
-from bench.services import PrivateRedis, QuietHandler, SessionProcess, rss_kib  # noqa: E402
+from bench.services import (  # noqa: E402
+    PrivateRedis,
+    QuietHandler,
+    SentinelRedis,
+    SessionProcess,
+    rss_kib,
+)
 from config import devservices  # noqa: E402
 from tests.receiver import Receiver  # noqa: E402
 
@@ -408,13 +414,9 @@ class FaultRunner(threading.Thread):
 
 
 def sentinel_broker():
-    """--sentinel: Redis behind Sentinel. HOOK, wired when the Redis Sentinel branch
-    (issue 23.4) is merged: return an object shaped like bench.services.PrivateRedis --
-    start(), stop(), pids(), stack_env() (the stack's broker settings, a Sentinel URL),
-    restart_empty(down_seconds) -- plus fail_over() (the primary goes away, the sentinels
-    promote the replica), built on that branch's helper that starts a primary, a replica
-    and three sentinels on 127.0.0.1."""
-    raise SystemExit("--sentinel is not wired yet: it needs the Redis Sentinel helper (issue 23.4)")
+    """--sentinel: Redis behind Sentinel (bench.services.SentinelRedis), failed over in
+    each round."""
+    return SentinelRedis()
 
 
 # --- the night ------------------------------------------------------------------------
