@@ -35,7 +35,13 @@ LINK_CHECK_TIME_LIMIT_SECONDS = (
     settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
 )
 
-AUDIT_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE)
+AUDIT_POLICY = RetryPolicy(
+    retry_on=DATABASE_UNAVAILABLE,
+    # A page's host busy (PAGE_FETCH_PER_HOST_CONCURRENCY): back after 0.25 s, then 0.5,
+    # 1, 2 ... (jittered), never later than one fetch timeout, by when every slot has
+    # turned over.
+    defer_max=lambda: settings.AUDIT_FETCH_TIMEOUT_SECONDS,
+)
 LINK_CHECK_POLICY = RetryPolicy()
 # Housekeeping: not the product's work, so not counted as jobs.
 HOUSEKEEPING_POLICY = RetryPolicy(retry_on=DATABASE_UNAVAILABLE, counts_as_job=False)

@@ -257,6 +257,9 @@ AUDIT_FETCH_TIMEOUT_SECONDS = env_float("AUDIT_FETCH_TIMEOUT_SECONDS", 10.0, min
 AUDIT_MAX_PAGE_BYTES = env_int("AUDIT_MAX_PAGE_BYTES", 5 * 1024 * 1024, minimum=1024)
 AUDIT_MAX_ATTEMPTS = env_int("AUDIT_MAX_ATTEMPTS", 5, minimum=1)
 AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
+# Page fetches in flight to one host at most, across all workers (Scrapy's
+# CONCURRENT_REQUESTS_PER_DOMAIN is 8); 0: no limit.
+PAGE_FETCH_PER_HOST_CONCURRENCY = env_int("PAGE_FETCH_PER_HOST_CONCURRENCY", 8, minimum=0)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 # An audit `queued` this long has lost its message (see audits.reconcile); publish it again.

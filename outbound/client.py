@@ -118,7 +118,8 @@ class OutboundClient:
     """Sends requests through an httpx.Client, minding each bucket's admission.
 
     With `slots` each request also holds one of its host's (or its credential's)
-    slots, waiting for one at most as long as an inline wait. `rate_limits=False`
+    slots, waiting for one at most as long as an inline wait (or not at all, for a
+    limit that is not `wait_inline`: page fetches). `rate_limits=False`
     (webhook receivers: their 429 is an ordinary failed attempt) sends without
     admission, observations or inline waits; the metrics still count the request.
     """
@@ -223,7 +224,7 @@ class OutboundClient:
             self.slots,
             key if self.slots.per_credential else url.netloc.decode("ascii"),
             key=key,
-            max_wait=max(0.0, self._inline_budget(deadline)),
+            max_wait=max(0.0, self._inline_budget(deadline)) if self.slots.wait_inline else None,
         )
 
 

@@ -4,6 +4,8 @@ A limit says how many calls may be in flight at once (`concurrency`, 0: any
 number) and how often one may start (`rate` per second, spaced evenly, no burst;
 None: no spacing). Each pool keeps its own slots:
 
+- page fetches: PAGE_FETCH_PER_HOST_CONCURRENCY per host, never waited for inline (an
+  audit whose host is full is deferred to the delayed store and its thread moves on);
 - link checks: LINKCHECK_PER_HOST_CONCURRENCY and LINKCHECK_PER_HOST_RATE per host;
 - GitHub: one call at a time per credential (GitHub's advice against secondary limits);
 - webhook deliveries: WEBHOOK_PER_HOST_CONCURRENCY per destination host.
@@ -65,11 +67,14 @@ return {1, 0, now_ms}
 
 @dataclass(frozen=True)
 class SlotLimit:
-    pool: str  # "links", "github", "webhooks": each pool keeps its own slots
+    pool: str  # "pages", "links", "github", "webhooks": each pool keeps its own slots
     concurrency: int  # calls in flight at once; 0: any number
     lease: float  # seconds a slot is held at most (longer than any live call)
     rate: float | None = None  # calls started per second; None: no spacing
     per_credential: bool = False  # slots per admission key, not per host
+    # False: a caller finding every slot busy raises RateLimited at once (retry_at None,
+    # unless the rate spaces it), so its job is deferred instead of polling in its thread.
+    wait_inline: bool = True
 
     @property
     def limits_anything(self) -> bool:
