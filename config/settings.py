@@ -281,6 +281,13 @@ LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, mi
 LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
 AUDIT_LINKCHECK_DEADLINE_SECONDS = env_float("AUDIT_LINKCHECK_DEADLINE_SECONDS", 120.0, minimum=1)
 AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
+# A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
+LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
+# A broken outcome is shared for less long: it is checked again sooner.
+LINKCHECK_BROKEN_FRESH_SECONDS = env_float("LINKCHECK_BROKEN_FRESH_SECONDS", 3600.0, minimum=0)
+# A link found broken is checked once more this long after, before it is reported
+# broken (one bad answer is not a broken link); 0: reported at once.
+LINKCHECK_BROKEN_RECHECK_SECONDS = env_float("LINKCHECK_BROKEN_RECHECK_SECONDS", 10.0, minimum=0)
 
 GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
 GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")
