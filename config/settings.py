@@ -260,6 +260,9 @@ AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
 # Page fetches in flight to one host at most, across all workers (Scrapy's
 # CONCURRENT_REQUESTS_PER_DOMAIN is 8); 0: no limit.
 PAGE_FETCH_PER_HOST_CONCURRENCY = env_int("PAGE_FETCH_PER_HOST_CONCURRENCY", 8, minimum=0)
+# Page fetches started per second to a host that has not answered in the last minute,
+# until it answers (a slow start); 0: none.
+PAGE_FETCH_WARMUP_RATE = env_float("PAGE_FETCH_WARMUP_RATE", 2.0, minimum=0)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 # An audit `queued` this long has lost its message (see audits.reconcile); publish it again.

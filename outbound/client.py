@@ -170,6 +170,8 @@ class OutboundClient:
                         response.status_code, rate_limited=verdict is not None and verdict.limited
                     )
                     _count(key, response, METRIC_OUTCOMES[answer])
+                    if self.slots is not None and not answer.retryable:
+                        hostslots.answered(self.slots, self._slot_name(request.url, key))
                     if verdict is None or not verdict.limited:
                         return response
                     response.close()
@@ -222,10 +224,13 @@ class OutboundClient:
             return contextlib.nullcontext()
         return hostslots.slot(
             self.slots,
-            key if self.slots.per_credential else url.netloc.decode("ascii"),
+            self._slot_name(url, key),
             key=key,
             max_wait=max(0.0, self._inline_budget(deadline)) if self.slots.wait_inline else None,
         )
+
+    def _slot_name(self, url: httpx.URL, key: str) -> str:
+        return key if self.slots.per_credential else url.netloc.decode("ascii")
 
 
 def _until(verdict: Verdict) -> float:

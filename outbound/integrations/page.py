@@ -30,6 +30,7 @@ def page_fetch_slots(timeout: float) -> SlotLimit:
         # Held for one fetch at most (every hop and the body are within the timeout).
         lease=timeout + 5,
         wait_inline=False,
+        warmup_rate=settings.PAGE_FETCH_WARMUP_RATE or None,
     )
 
 
