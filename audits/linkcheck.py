@@ -29,7 +29,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import CharField, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from audits.models import Audit, LinkCheck, SharedLink
@@ -149,31 +150,35 @@ def copy_fresh_outcomes(audit_id: str, *, now: datetime | None = None) -> int:
 def claim_stale_links(audit_id: str) -> list[QueuedCheck]:
     """Claim each link of the audit that nobody is checking; the claimed ones, to publish.
 
-    A claim is a conditional update of the shared row: of two audits claiming one link
+    A claim is a conditional update of the shared rows: of two audits claiming one link
     together, one changes it and publishes the check, the other waits for its outcome.
+    One UPDATE claims them all, each under its own task id (this claim's prefix and the
+    link's id), read back by the prefix.
     """
     now = timezone.now()
     taken_over_before = now - timedelta(seconds=claim_seconds())
-    unclaimed = (
-        SharedLink.objects.filter(
-            checks__audit_id=audit_id, checks__status__in=LinkCheck.UNFINISHED
-        )
-        .filter(Q(checking_since=None) | Q(checking_since__lt=taken_over_before))
-        .values_list("id", flat=True)
-        .distinct()
+    claim = uuid.uuid4().hex
+    waiting = LinkCheck.objects.filter(audit_id=audit_id, status__in=LinkCheck.UNFINISHED).values(
+        "link_id"
     )
-    queued = []
-    for link_id in unclaimed:
-        task_id = str(uuid.uuid4())
-        claimed = (
-            SharedLink.objects.filter(id=link_id)
-            .filter(Q(checking_since=None) | Q(checking_since__lt=taken_over_before))
-            .exclude(fresh(now))
-            .update(checking_since=now, check_task_id=task_id, suspect_since=None)
+    claimed = (
+        SharedLink.objects.filter(id__in=waiting)
+        .filter(Q(checking_since=None) | Q(checking_since__lt=taken_over_before))
+        .exclude(fresh(now))
+        .update(
+            checking_since=now,
+            check_task_id=Concat(Value(f"{claim}-"), Cast("id", CharField())),
+            suspect_since=None,
         )
-        if claimed:
-            queued.append(QueuedCheck(link_id, task_id))
-    return queued
+    )
+    if not claimed:
+        return []
+    return [
+        QueuedCheck(link_id, task_id)
+        for link_id, task_id in SharedLink.objects.filter(
+            id__in=waiting, check_task_id__startswith=f"{claim}-"
+        ).values_list("id", "check_task_id")
+    ]
 
 
 # --- The check's side --------------------------------------------------------

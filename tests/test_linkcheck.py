@@ -12,6 +12,7 @@ from django.utils import timezone
 from audits import linkcheck, submission
 from audits.models import Audit, LinkCheck, SharedLink
 from jobs.errors import Transient
+from observability.metrics import TASK_FIRST_ATTEMPTS, read_counter
 from outbound.integrations import links
 from outbound.integrations.github import GitHubCredentials
 from outbound.integrations.links import check_http, github_repository
@@ -198,6 +199,9 @@ def test_forty_pages_sharing_eight_footer_links_send_eight_requests(start_worker
             assert [link["status"] for link in audit.result["links"]] == ["ok"] * 8
             assert audit.result["link_check"]["unfinished"] == 0
         assert len(other_host.arrivals) == 8  # one request per distinct link
+        # The amplification series counts link checks against distinct links.
+        first_attempts = read_counter(TASK_FIRST_ATTEMPTS)
+        assert first_attempts[("audits.check_shared_link",)] == 8
     finally:
         site.stop()
         other_host.stop()
