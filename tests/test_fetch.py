@@ -91,9 +91,7 @@ def test_a_body_without_end_ends_within_the_timeout(site):
     assert time.monotonic() - started < 3
 
 
-def test_a_500_is_transient_and_the_page_recovers(site, settings):
-    # Fetched again at once, not after a slow start's half second (PAGE_FETCH_WARMUP_RATE).
-    settings.PAGE_FETCH_WARMUP_RATE = 0
+def test_a_500_is_transient_and_the_page_recovers(site):
     url = f"{site.base_url}/flaky?key=recover&fail=1"
     with pytest.raises(Transient) as failure:
         fetch(url)
