@@ -3,7 +3,7 @@ import json
 from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 
-from audits.models import Audit, LinkCheck, Page
+from audits.models import Audit, LinkCheck, Page, SharedLink
 
 
 class RemovedFilter(admin.SimpleListFilter):
@@ -51,10 +51,26 @@ class LinkCheckAdmin(admin.ModelAdmin):
     list_display = ["url", "status", "status_code", "audit_id", "retry_at", "finished_at"]
     list_filter = ["status"]
     search_fields = ["url", "=audit__id"]
-    raw_id_fields = ["audit"]
+    raw_id_fields = ["audit", "link"]
     readonly_fields = [
-        "audit", "url", "status", "task_id", "status_code", "final_url", "github", "detail",
+        "audit", "url", "link", "status", "task_id", "status_code", "final_url", "github", "detail",
         "retry_at", "created_at", "finished_at",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(SharedLink)
+class SharedLinkAdmin(admin.ModelAdmin):
+    """Each distinct link's latest outcome, and whether a check of it is in flight."""
+
+    list_display = ["url", "status", "status_code", "checked_at", "checking_since"]
+    list_filter = ["status"]
+    search_fields = ["url"]
+    readonly_fields = [
+        "url", "status", "status_code", "final_url", "github", "detail", "checked_at",
+        "checking_since", "check_task_id", "suspect_since",
     ]  # fmt: skip
 
     def has_add_permission(self, request):

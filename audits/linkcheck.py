@@ -1,14 +1,23 @@
-"""Checking an audited page's outbound links, each link in its own task.
+"""Checking an audited page's outbound links: one check per distinct link, shared.
 
-The audit fetches its page, then creates one `LinkCheck` row per external link
-and waits in `checking_links`. Each check task finishes its own row with a
-conditional update and then counts the audit's unfinished rows: whoever sees
-none left finishes the audit (once: `Audit.objects.finish` is conditional too). A
-periodic sweep finishes audits whose AUDIT_LINKCHECK_DEADLINE_SECONDS has passed,
-reporting the checks that had not finished (rate-limited ones with their retry time).
+The audit fetches its page, then creates one `LinkCheck` row per external link, each
+pointing at the link's `SharedLink` (its normalized URL), and waits in
+`checking_links`. A link whose shared outcome is fresh (LINKCHECK_FRESH_SECONDS; a
+broken one LINKCHECK_BROKEN_FRESH_SECONDS) is copied in at once. A stale one is claimed
+by exactly one audit (a conditional update of the shared row), which publishes the
+link's one check task; every other audit listing it meanwhile only waits: no second
+request, and nothing held in a worker thread. When the check records its outcome it
+copies it into every check waiting on the link and finishes each of their audits that
+has none left (once: `Audit.objects.finish` is conditional). A periodic sweep finishes
+audits whose AUDIT_LINKCHECK_DEADLINE_SECONDS has passed, reporting the checks that
+had not finished (rate-limited ones with their retry time).
 
-Each check calls `outbound.integrations.links` (the GET or GitHub's API, the
-per-host slots, admission); this module keeps the rows and the audit's join.
+A link that answers broken is checked once more LINKCHECK_BROKEN_RECHECK_SECONDS later
+before its outcome is recorded: one bad answer is not a broken link.
+
+Each check calls `outbound.integrations.links` (the GET or GitHub's API, the per-host
+slots, admission); this module keeps the rows and the audits' join. Nothing here loads
+an audit's result but its finish.
 """
 
 from __future__ import annotations
@@ -20,38 +29,75 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import CharField, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
-from audits.models import Audit, LinkCheck
+from audits.models import Audit, LinkCheck, SharedLink
+from jobs.errors import Transient
 from outbound.integrations.github import GitHubClient, GitHubCredentials
 from outbound.integrations.links import LinkOutcome, check_url
+from outbound.urls import InvalidURL, normalize_url
 
 log = logging.getLogger(__name__)
+
+# The outcome's fields, as the shared row and each audit's check both spell them.
+OUTCOME_FIELDS = ("status", "status_code", "final_url", "github", "detail")
+
+
+def claim_seconds() -> float:
+    """How long a claim on a link holds before another audit may take it over: past the
+    deadline of every audit that was waiting on it, and past one more check."""
+    return settings.AUDIT_LINKCHECK_DEADLINE_SECONDS + settings.AUDIT_FETCH_TIMEOUT_SECONDS
+
+
+def shared_key(url: str) -> str:
+    try:
+        return normalize_url(url).url
+    except InvalidURL:
+        return url[:2048]
+
+
+def fresh(now: datetime) -> Q:
+    """Shared links whose outcome may be used now (on SharedLink)."""
+    working_since = now - timedelta(seconds=settings.LINKCHECK_FRESH_SECONDS)
+    broken_since = now - timedelta(seconds=settings.LINKCHECK_BROKEN_FRESH_SECONDS)
+    return Q(checked_at__gte=working_since) & ~Q(status=LinkCheck.Status.BROKEN) | Q(
+        checked_at__gte=broken_since, status=LinkCheck.Status.BROKEN
+    )
+
 
 # --- The audit's side --------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class QueuedCheck:
-    """A link check to publish: its row and the task id stored on it."""
+    """A shared link's check to publish: the link and the task id its claim stored."""
 
-    link_check_id: int
+    shared_link_id: int
     task_id: str
 
 
 def start_link_checks(audit_id: str, result: dict) -> tuple[bool, list[QueuedCheck]]:
-    """Move the audit to `checking_links` with one queued check per external link.
+    """Move the audit to `checking_links` with one check per external link.
 
     Returns whether it moved (False: nothing to check, the caller finishes the audit)
-    and the checks to publish, committed. Links over AUDIT_MAX_LINK_CHECKS are
-    recorded as skipped.
+    and the shared checks this audit claimed, to publish. Links over
+    AUDIT_MAX_LINK_CHECKS are recorded as skipped.
     """
     links = result.get("external_links") or []
     if not links:
         return False, []
     cap = settings.AUDIT_MAX_LINK_CHECKS
+    keys = {url: shared_key(url) for url in links[:cap]}
+    # Sorted, and committed on their own: two audits inserting the same links in
+    # different orders inside longer transactions could deadlock on the unique index.
+    SharedLink.objects.bulk_create(
+        [SharedLink(url=key) for key in sorted(set(keys.values()))], ignore_conflicts=True
+    )
+    link_ids = dict(SharedLink.objects.filter(url__in=set(keys.values())).values_list("url", "id"))
     rows = [
-        LinkCheck(audit_id=audit_id, url=url, task_id=str(uuid.uuid4())) for url in links[:cap]
+        LinkCheck(audit_id=audit_id, url=url, link_id=link_ids[key]) for url, key in keys.items()
     ] + [
         LinkCheck(
             audit_id=audit_id,
@@ -71,73 +117,165 @@ def start_link_checks(audit_id: str, result: dict) -> tuple[bool, list[QueuedChe
         )
         if not moved:
             return True, []  # finished or taken over meanwhile: nothing more to do here
-        # A redelivered audit finds its rows already there and enqueues the unfinished ones again.
+        # A redelivered audit finds its rows already there.
         LinkCheck.objects.bulk_create(rows, ignore_conflicts=True)
-        queued = [
-            QueuedCheck(link_check_id, task_id)
-            for link_check_id, task_id in LinkCheck.objects.filter(
-                audit_id=audit_id, status=LinkCheck.Status.QUEUED
-            ).values_list("id", "task_id")
-        ]
+    # After the rows commit: a check that recorded its outcome before they were there
+    # did not reach them, and this sees its outcome (it commits before it fans out).
+    copy_fresh_outcomes(audit_id)
+    queued = claim_stale_links(audit_id)
     if not queued:
-        finish_link_checks(audit_id)
-    log.info("audit.checking_links", extra={"audit_id": audit_id, "links": len(links)})
+        finish_audit_if_checked(audit_id)
+    log.info(
+        "audit.checking_links",
+        extra={"audit_id": audit_id, "links": len(links), "claimed": len(queued)},
+    )
     return True, queued
 
 
-def run_link_check(link_check_id: int) -> LinkCheck | None:
-    """One attempt at one link; RateLimited and Transient propagate to the task."""
-    check = LinkCheck.objects.select_related("audit").filter(id=link_check_id).first()
-    if check is None or check.is_finished:
-        return None
-    if check.audit.status != Audit.Status.CHECKING_LINKS:
-        return None  # the audit finished without it (deadline): nobody reads this any more
+def copy_fresh_outcomes(audit_id: str, *, now: datetime | None = None) -> int:
+    """Copy every fresh shared outcome into the audit's unfinished checks (one UPDATE)."""
+    now = now or timezone.now()
+    shared = SharedLink.objects.filter(id=OuterRef("link_id"))
+    return (
+        LinkCheck.objects.filter(audit_id=audit_id, status__in=LinkCheck.UNFINISHED)
+        .filter(link__in=SharedLink.objects.filter(fresh(now)))
+        .update(
+            **{name: Subquery(shared.values(name)[:1]) for name in OUTCOME_FIELDS},
+            retry_at=None,
+            finished_at=now,
+        )
+    )
+
+
+def claim_stale_links(audit_id: str) -> list[QueuedCheck]:
+    """Claim each link of the audit that nobody is checking; the claimed ones, to publish.
+
+    A claim is a conditional update of the shared rows: of two audits claiming one link
+    together, one changes it and publishes the check, the other waits for its outcome.
+    One UPDATE claims them all, each under its own task id (this claim's prefix and the
+    link's id), read back by the prefix.
+    """
+    now = timezone.now()
+    taken_over_before = now - timedelta(seconds=claim_seconds())
+    claim = uuid.uuid4().hex
+    waiting = LinkCheck.objects.filter(audit_id=audit_id, status__in=LinkCheck.UNFINISHED).values(
+        "link_id"
+    )
+    claimed = (
+        SharedLink.objects.filter(id__in=waiting)
+        .filter(Q(checking_since=None) | Q(checking_since__lt=taken_over_before))
+        .exclude(fresh(now))
+        .update(
+            checking_since=now,
+            check_task_id=Concat(Value(f"{claim}-"), Cast("id", CharField())),
+            suspect_since=None,
+        )
+    )
+    if not claimed:
+        return []
+    return [
+        QueuedCheck(link_id, task_id)
+        for link_id, task_id in SharedLink.objects.filter(
+            id__in=waiting, check_task_id__startswith=f"{claim}-"
+        ).values_list("id", "check_task_id")
+    ]
+
+
+# --- The check's side --------------------------------------------------------
+
+
+def run_shared_check(shared_link_id: int, task_id: str) -> LinkOutcome | None:
+    """One attempt at one shared link, by the task its claim names; RateLimited and
+    Transient propagate to the task. None when this task no longer holds the claim."""
+    row = (
+        SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id)
+        .values_list("url", "suspect_since")
+        .first()
+    )
+    if row is None:
+        return None  # a duplicate, or a claim taken over: the other check records it
+    url, suspect_since = row
     credentials = GitHubCredentials.from_settings()
     github = GitHubClient(credentials) if credentials else None
     try:
-        outcome = check_url(check.url, github=github)
+        outcome = check_url(url, github=github)
     finally:
         if github is not None:
             github.close()
-    record_outcome(link_check_id, outcome)
-    finish_audit_if_checked(str(check.audit_id))
-    return check
+    recheck = settings.LINKCHECK_BROKEN_RECHECK_SECONDS
+    if outcome.status == LinkCheck.Status.BROKEN and suspect_since is None and recheck > 0:
+        SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
+            suspect_since=timezone.now()
+        )
+        raise Transient(
+            f"{url} answered broken ({outcome.detail or outcome.status_code}): checking again",
+            retry_after=recheck,
+        )
+    record_shared_outcome(shared_link_id, task_id, outcome)
+    return outcome
 
 
-def record_outcome(link_check_id: int, outcome: LinkOutcome) -> bool:
-    updated = LinkCheck.objects.filter(id=link_check_id, status__in=LinkCheck.UNFINISHED).update(
+def record_shared_outcome(shared_link_id: int, task_id: str, outcome: LinkOutcome) -> bool:
+    """Store the link's outcome (if this task still holds its claim), copy it into every
+    check waiting on it, and finish the audits left with nothing to wait for."""
+    now = timezone.now()
+    recorded = SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
+        status=outcome.status,
+        status_code=outcome.status_code,
+        final_url=outcome.final_url,
+        github=outcome.github,
+        detail=outcome.detail,
+        checked_at=now,
+        checking_since=None,
+        check_task_id="",
+        suspect_since=None,
+    )
+    if not recorded:
+        return False
+    LinkCheck.objects.filter(link_id=shared_link_id, status__in=LinkCheck.UNFINISHED).update(
         status=outcome.status,
         status_code=outcome.status_code,
         final_url=outcome.final_url,
         github=outcome.github,
         detail=outcome.detail,
         retry_at=None,
-        finished_at=timezone.now(),
+        finished_at=now,
     )
-    return bool(updated)
+    # Read after the update: an audit whose rows it reached is here, and one whose rows
+    # came later copies the outcome itself (start_link_checks).
+    waiting = (
+        Audit.objects.filter(
+            status=Audit.Status.CHECKING_LINKS, link_checks__link_id=shared_link_id
+        )
+        .values_list("id", flat=True)
+        .distinct()
+    )
+    for audit_id in waiting:
+        finish_audit_if_checked(str(audit_id))
+    return True
 
 
-def mark_waiting(link_check_id: int, *, why: str, seconds: float) -> None:
-    """A rate limit holds the check back: pending, with when it will try again."""
-    LinkCheck.objects.filter(id=link_check_id, status__in=LinkCheck.UNFINISHED).update(
+def mark_waiting(shared_link_id: int, *, why: str, seconds: float) -> None:
+    """A rate limit holds the link's check back: its checks are pending, with when it
+    will try again."""
+    LinkCheck.objects.filter(link_id=shared_link_id, status__in=LinkCheck.UNFINISHED).update(
         status=LinkCheck.Status.RATE_LIMITED_PENDING,
         retry_at=timezone.now() + timedelta(seconds=seconds),
         detail=why,
     )
 
 
-def give_up(link_check_id: int, error: str) -> None:
+def give_up(shared_link_id: int, task_id: str, error: str) -> None:
     """No attempt left: the link is reported broken with the last error."""
-    record_outcome(link_check_id, LinkOutcome(LinkCheck.Status.BROKEN, detail=error))
-    audit_id = LinkCheck.objects.filter(id=link_check_id).values_list("audit_id", flat=True).first()
-    if audit_id is not None:
-        finish_audit_if_checked(str(audit_id))
+    record_shared_outcome(
+        shared_link_id, task_id, LinkOutcome(LinkCheck.Status.BROKEN, detail=error)
+    )
 
 
 def finish_audit_if_checked(audit_id: str) -> bool:
-    """Finish the audit when none of its checks is left. Runs after each check's own
-    update has committed, so of two checks finishing together at least the later
-    one sees zero left."""
+    """Finish the audit when none of its checks is left. Runs after each outcome's own
+    update has committed, so of two outcomes arriving together at least the later one
+    sees zero left."""
     if LinkCheck.objects.filter(audit_id=audit_id, status__in=LinkCheck.UNFINISHED).exists():
         return False
     return finish_link_checks(audit_id)

@@ -231,8 +231,46 @@ class Audit(models.Model):
         return self.status in self.FINISHED
 
 
+class SharedLink(models.Model):
+    """One distinct link (its normalized URL) and its latest outcome, shared by every audit
+    that lists it while the outcome is fresh (audits.linkcheck): one request per link per
+    LINKCHECK_FRESH_SECONDS, whatever the number of pages, audits, workers or nights.
+
+    Its states, each explicit in its columns:
+    - never checked: `checked_at` None, `checking_since` None;
+    - a check in flight: `checking_since` set, `check_task_id` the one task allowed to
+      record an outcome (a claim; an older claim than CLAIM_SECONDS may be taken over);
+    - confirming a broken answer: also `suspect_since` (the first broken answer's time);
+    - checked: `checked_at` and the outcome, fresh for LINKCHECK_FRESH_SECONDS (a broken
+      one for LINKCHECK_BROKEN_FRESH_SECONDS), stale after (then claimed again).
+    """
+
+    url = models.CharField(max_length=2048, unique=True)
+    # The outcome: LinkCheck.Status values ("" until first checked).
+    status = models.CharField(max_length=24, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    final_url = models.CharField(max_length=2048, blank=True)
+    github = models.JSONField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    checking_since = models.DateTimeField(null=True, blank=True)
+    check_task_id = models.CharField(max_length=255, blank=True)
+    suspect_since = models.DateTimeField(
+        null=True, blank=True, help_text="The check in flight found it broken once: confirming."
+    )
+
+    class Meta:
+        indexes = [
+            # The prune walks links by when they were last checked (audits.retention).
+            models.Index(fields=["checked_at", "id"], name="shared_link_checked_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.status or 'unchecked'})"
+
+
 class LinkCheck(models.Model):
-    """One outbound link of an audited page, checked by its own task."""
+    """One outbound link of an audited page: its outcome is its SharedLink's, copied in."""
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -247,6 +285,11 @@ class LinkCheck(models.Model):
 
     audit = models.ForeignKey(Audit, on_delete=models.CASCADE, related_name="link_checks")
     url = models.CharField(max_length=2048)
+    # Null for rows checked before links were shared, and for skipped ones.
+    link = models.ForeignKey(
+        SharedLink, null=True, blank=True, on_delete=models.SET_NULL, related_name="checks",
+        db_index=False,
+    )  # fmt: skip
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
     task_id = models.CharField(max_length=255, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -271,6 +314,8 @@ class LinkCheck(models.Model):
             # The prune walks the aged-out rows in this order (audits.retention): without
             # it, each batch would scan the table for the oldest rows.
             models.Index(fields=["created_at"], name="link_check_created_idx"),
+            # A shared link's outcome reaches the checks waiting on it.
+            models.Index(fields=["link", "status"], name="link_check_link_status_idx"),
         ]
 
     def __str__(self) -> str:

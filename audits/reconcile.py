@@ -11,11 +11,12 @@ is down, or a Redis that comes back empty or behind. The rows say what is owed:
   so its worker died and its message went with a Redis that restarted (after Redis
   lost data, every running audit is given a copy due when its hard time limit ends:
   its worker may have died with Redis);
-- a link check unfinished while its audit is `checking_links` (only after Redis lost
-  data: otherwise the audit's link-check deadline finishes the audit sooner).
+- a distinct link's check in flight (its SharedLink claimed) with audits `checking_links`
+  waiting on it (only after Redis lost data: otherwise a stale claim is taken over by the
+  next audit listing the link, and the link-check deadline finishes the audits waiting).
 
-A duplicate is harmless: `claim_audit` skips a finished audit, and a check finds its
-row finished.
+A duplicate is harmless: `claim_audit` skips a finished audit, and a check whose link's
+claim names another task (or none: its outcome is recorded) does nothing.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from audits.models import Audit, LinkCheck
-from audits.tasks import check_link, run_audit
+from audits.models import Audit, LinkCheck, SharedLink
+from audits.tasks import check_shared_link, run_audit
 from jobs.reconcile import BATCH, OwedWork, Window, publish_owed
 from observability.metrics import record_requeued
 
@@ -85,29 +86,45 @@ def republish_audit(audit: OwedAudit) -> bool:
 
 @dataclass(frozen=True)
 class OwedLinkCheck:
-    id: int
+    shared_link_id: int
     task_id: str
     due_at: datetime | None
 
 
 def owed_link_checks(window: Window) -> Iterable[OwedLinkCheck]:
+    """A distinct link's check in flight (its SharedLink claimed by `check_task_id`) that
+    audits are waiting on. Only after Redis lost data: otherwise a claim older than
+    `linkcheck.claim_seconds()` is taken over by the next audit listing the link, and the
+    link-check deadline finishes the audits waiting."""
     if not window.redis_lost:
         return
-    rows = LinkCheck.objects.filter(
-        window.since("created_at", "retry_at"),
-        audit__status=Audit.Status.CHECKING_LINKS,
+    waiting = LinkCheck.objects.filter(
+        link_id=OuterRef("pk"),
         status__in=LinkCheck.UNFINISHED,
+        audit__status=Audit.Status.CHECKING_LINKS,
     )
-    for check_id, task_id, retry_at in rows.values_list("id", "task_id", "retry_at")[
+    # Its message or wait written since the loss: the claim, a broken answer being
+    # confirmed, or a rate-limit wait (recorded on the checks waiting, as retry_at).
+    recent_wait = Exists(waiting.filter(window.since("retry_at")))
+    rows = (
+        SharedLink.objects.filter(Exists(waiting), checking_since__isnull=False)
+        .exclude(check_task_id="")
+        .filter(window.since("checking_since", "suspect_since") | Q(recent_wait))
+        .order_by("checking_since")
+    )
+    recheck = timedelta(seconds=settings.LINKCHECK_BROKEN_RECHECK_SECONDS)
+    for link_id, task_id, suspect_since in rows.values_list("id", "check_task_id", "suspect_since")[
         : window.limit
     ].iterator(chunk_size=BATCH):
-        yield OwedLinkCheck(check_id, task_id, retry_at)
+        due_at = suspect_since + recheck if suspect_since is not None else None
+        yield OwedLinkCheck(link_id, task_id, due_at)
 
 
 def republish_link_check(check: OwedLinkCheck) -> bool:
+    # Under the claim's own task id: only the task its claim names records an outcome.
     return publish_owed(
-        check_link.name, args=[check.id], task_id=check.task_id, queue=settings.AUDIT_QUEUE,
-        due_at=check.due_at,
+        check_shared_link.name, args=[check.shared_link_id], task_id=check.task_id,
+        queue=settings.AUDIT_QUEUE, due_at=check.due_at,
     )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""What the audits app lets go of: audits past AUDIT_RETENTION_DAYS and link-check rows
-past LINK_CHECK_RETENTION_DAYS (jobs.retention prunes them).
+"""What the audits app lets go of: audits past AUDIT_RETENTION_DAYS, and link-check rows
+and distinct links not checked within LINK_CHECK_RETENTION_DAYS (jobs.retention prunes
+them).
 
 An audit is kept, whatever its age, while it is unfinished, and while it is its page's
 latest succeeded audit: the page's next success compares with it (audits.changes,
@@ -14,7 +15,7 @@ from datetime import datetime
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from audits.models import Audit, LinkCheck
+from audits.models import Audit, LinkCheck, SharedLink
 from jobs.retention import PrunableKind
 
 
@@ -54,6 +55,17 @@ def link_checks_that_may_go(link_checks: QuerySet) -> QuerySet:
     return link_checks.exclude(Exists(unfinished_audit))
 
 
+def shared_links_checked_before(cutoff: datetime) -> QuerySet:
+    return SharedLink.objects.filter(checked_at__lt=cutoff)
+
+
+def shared_links_that_may_go(links: QuerySet) -> QuerySet:
+    """Those no check is in flight for and no audit waits on: a link seen again later is
+    simply checked again (its outcome was long stale)."""
+    waiting = LinkCheck.objects.filter(link_id=OuterRef("pk"), status__in=LinkCheck.UNFINISHED)
+    return links.filter(checking_since=None).exclude(Exists(waiting))
+
+
 KINDS = [
     PrunableKind(
         name="link_checks",
@@ -62,6 +74,14 @@ KINDS = [
         walk=("created_at", "id"),
         may_go=link_checks_that_may_go,
         description="link-check rows of finished audits, whose result keeps them",
+    ),
+    PrunableKind(
+        name="shared_links",
+        horizon_setting="LINK_CHECK_RETENTION_DAYS",
+        old_enough=shared_links_checked_before,
+        walk=("checked_at", "id"),
+        may_go=shared_links_that_may_go,
+        description="distinct links not checked since, with nothing waiting on them",
     ),
     PrunableKind(
         name="audits",

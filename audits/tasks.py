@@ -39,7 +39,12 @@ LINK_CHECK_TIME_LIMIT_SECONDS = (
 HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS = 60
 HOUSEKEEPING_TIME_LIMIT_SECONDS = 90
 
-AUDIT_POLICY = RetryPolicy()
+AUDIT_POLICY = RetryPolicy(
+    # A page's host busy (PAGE_FETCH_PER_HOST_CONCURRENCY): back after 0.25 s, then 0.5,
+    # 1, 2 ... (jittered), never later than one fetch timeout, by when every slot has
+    # turned over.
+    defer_max=lambda: settings.AUDIT_FETCH_TIMEOUT_SECONDS,
+)
 LINK_CHECK_POLICY = RetryPolicy()
 # Housekeeping: not the product's work, so not counted as jobs.
 HOUSEKEEPING_POLICY = RetryPolicy(counts_as_job=False)
@@ -108,24 +113,26 @@ class LinkCheckTask(PlumbTask):
 
     def before_wait(self, reason, seconds, *, why, args, kwargs):
         if reason == DEFERRAL:
-            # Bounded by the audit's deadline: a check woken after it returns at once.
+            # Bounded by the audits' deadline: a check woken after it still records the
+            # outcome, for the audits that list the link next.
             linkcheck.mark_waiting(args[0], why=why, seconds=seconds)
 
     def after_final_failure(self, exc, *, args, kwargs):
         if args:
-            linkcheck.give_up(args[0], error=f"{exc.__class__.__name__}: {exc}")
+            linkcheck.give_up(args[0], self.request.id, error=f"{exc.__class__.__name__}: {exc}")
 
 
 @shared_task(
     bind=True,
     base=LinkCheckTask,
-    name="audits.check_link",
+    name="audits.check_shared_link",
     queue=settings.AUDIT_QUEUE,
     soft_time_limit=LINK_CHECK_TIME_LIMIT_SECONDS - 30,
     time_limit=LINK_CHECK_TIME_LIMIT_SECONDS,
 )
-def check_link(self, link_check_id: int) -> None:
-    linkcheck.run_link_check(link_check_id)
+def check_shared_link(self, shared_link_id: int) -> None:
+    """One distinct link's check, for every audit listing it (its claim names this task)."""
+    linkcheck.run_shared_check(shared_link_id, self.request.id)
 
 
 class HousekeepingTask(PlumbTask):
@@ -169,6 +176,6 @@ def enqueue_audit(audit: Audit) -> bool:
 
 def enqueue_link_checks(queued: list[QueuedCheck]) -> None:
     for check in queued:
-        check_link.apply_async(
-            args=[check.link_check_id], task_id=check.task_id, queue=settings.AUDIT_QUEUE
+        check_shared_link.apply_async(
+            args=[check.shared_link_id], task_id=check.task_id, queue=settings.AUDIT_QUEUE
         )

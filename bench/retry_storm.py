@@ -15,7 +15,13 @@ timeline and waits until every audit has finished (succeeded or dead-lettered). 
 
   old     1 s doubling, no jitter, no breaker, 5 attempts
           (RETRY_JITTER=false, BREAKER_ENABLED=false)
-  new     the defaults: jittered backoff, breaker per task type and host, 5 attempts
+  new     the defaults: jittered backoff, breaker per task type and host, 5 attempts,
+          PAGE_FETCH_PER_HOST_CONCURRENCY slots per host
+  unslotted  new without the page-fetch slots (--runs old,unslotted,new)
+
+--make-run starts the audits workers as `make run` does (AUDITS_WORKER_PROCESSES workers of
+AUDITS_WORKER_POOL x AUDITS_WORKER_CONCURRENCY); without it, --workers x --concurrency of
+the worker's default pool, as the earlier measurements ran.
 
 Reported per run, all from the downstream's own request log and the database: requests
 per unique job, retries (requests beyond each job's first) as their own count, jobs
@@ -77,7 +83,11 @@ from tests.workers import WorkerProcess  # noqa: E402
 POLICIES = {
     "old": {"RETRY_JITTER": "false", "BREAKER_ENABLED": "false"},
     "new": {},
+    # The new policy without per-host slots for page fetches (as before they existed).
+    "unslotted": {"PAGE_FETCH_PER_HOST_CONCURRENCY": "0"},
 }
+# Compared unless --only or --runs says otherwise.
+DEFAULT_RUNS = ["old", "new"]
 COMMON_WORKER_ENV = {
     "RETRY_BACKOFF_BASE_SECONDS": "1",
     "AUDIT_MAX_ATTEMPTS": "5",
@@ -182,7 +192,12 @@ def run(name: str, env: dict, args, client: redis.Redis) -> RunResult:
     downstream = Downstream(args)
     threading.Thread(target=downstream.serve_forever, daemon=True).start()
     workers = [
-        WorkerProcess("audits", concurrency=args.concurrency, env={**COMMON_WORKER_ENV, **env})
+        WorkerProcess(
+            "audits",
+            concurrency=args.concurrency,
+            pool=args.pool,
+            env={**COMMON_WORKER_ENV, **env},
+        )
         for _ in range(args.workers)
     ]
     try:
@@ -325,6 +340,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="pool processes per worker")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to drain, per run")
     parser.add_argument("--only", choices=sorted(POLICIES), help="run one policy (no comparison)")
+    parser.add_argument(
+        "--runs", default=",".join(DEFAULT_RUNS), help="policies to run, in order (old,new)"
+    )
+    parser.add_argument("--pool", help="the audits workers' pool (default: the worker's own)")
+    parser.add_argument(
+        "--make-run", action="store_true", help="audits workers as make run starts them"
+    )
     parser.add_argument("--flush-redis", action="store_true", help="empty a Redis that has keys")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker-log", type=Path, help="append the workers' output here")
@@ -333,6 +355,10 @@ def main() -> int:
         "--gap", type=float, default=240.0, help="seconds between runs (--dashboard)"
     )
     args = parser.parse_args()
+    if args.make_run:
+        args.workers = settings.AUDITS_WORKER_PROCESSES
+        args.pool = settings.AUDITS_WORKER_POOL
+        args.concurrency = settings.AUDITS_WORKER_CONCURRENCY
     if args.dashboard and (reason := missing_browser()):
         print(f"--dashboard needs a browser: {reason}")
         return 2
@@ -354,7 +380,8 @@ def main() -> int:
         bench_name = str(Path(settings.VAR_DIR) / "bench.sqlite3")
     connection.settings_dict.setdefault("TEST", {})["NAME"] = bench_name
     old_config = setup_databases(verbosity=0, interactive=False)
-    runs = {args.only: POLICIES[args.only]} if args.only else dict(POLICIES)
+    names = [args.only] if args.only else args.runs.split(",")
+    runs = {name: POLICIES[name] for name in names}
     results: list[RunResult] = []
     try:
         for number, (name, env) in enumerate(runs.items()):
@@ -372,16 +399,17 @@ def main() -> int:
     print(
         f"\n{args.jobs} jobs at {args.rate}/s; downstream slow from {args.slow_at:g} s, "
         f"503 from {args.fail_at:g} s to {args.recover_at:g} s; "
-        f"{args.workers} worker(s) x {args.concurrency} processes.\n"
+        f"{args.workers} worker(s) x {args.concurrency} {args.pool or 'pool'} slots.\n"
     )
     print_table([asdict(r) for r in results], RESULT_COLUMNS)
     if args.json:
         args.json.write_text(
             json.dumps({"spread": spread, "runs": [asdict(r) for r in results]}, indent=2)
         )
-    if args.only:
+    by_name = {result.name: result for result in results}
+    if "old" not in by_name or "new" not in by_name:
         return 0
-    old, new = results[0], results[1]
+    old, new = by_name["old"], by_name["new"]
     lost = sorted(set(old.succeeded_jobs) - set(new.succeeded_jobs))
     peak_ratio = new.peak_per_second_after_outage / max(1, old.peak_per_second_after_outage)
     goals = [

@@ -325,6 +325,12 @@ AUDIT_MAX_PAGE_BYTES = env_int("AUDIT_MAX_PAGE_BYTES", 5 * 1024 * 1024, minimum=
 OUTBOUND_MAX_CONTENT_CODINGS = env_int("OUTBOUND_MAX_CONTENT_CODINGS", 2, minimum=0)
 AUDIT_MAX_ATTEMPTS = env_int("AUDIT_MAX_ATTEMPTS", 5, minimum=1)
 AUDIT_ALLOW_PRIVATE_TARGETS = env_bool("AUDIT_ALLOW_PRIVATE_TARGETS", False)
+# Page fetches in flight to one host at most, across all workers (Scrapy's
+# CONCURRENT_REQUESTS_PER_DOMAIN is 8); 0: no limit.
+PAGE_FETCH_PER_HOST_CONCURRENCY = env_int("PAGE_FETCH_PER_HOST_CONCURRENCY", 8, minimum=0)
+# Page fetches started per second to a host that has not answered in the last minute,
+# until it answers (a slow start); 0: none.
+PAGE_FETCH_WARMUP_RATE = env_float("PAGE_FETCH_WARMUP_RATE", 2.0, minimum=0)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
@@ -348,6 +354,13 @@ AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
 # outlinks); the rest are only counted (result.links_over_cap): what one page can make
 # an audit store, check and serve is bounded (DECISIONS.md, "Bounded audits").
 AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 300, minimum=0)
+# A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
+LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
+# A broken outcome is shared for less long: it is checked again sooner.
+LINKCHECK_BROKEN_FRESH_SECONDS = env_float("LINKCHECK_BROKEN_FRESH_SECONDS", 3600.0, minimum=0)
+# A link found broken is checked once more this long after, before it is reported
+# broken (one bad answer is not a broken link); 0: reported at once.
+LINKCHECK_BROKEN_RECHECK_SECONDS = env_float("LINKCHECK_BROKEN_RECHECK_SECONDS", 10.0, minimum=0)
 
 GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
 GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")

@@ -67,6 +67,7 @@ class RetryPolicy:
     backoff_base     first retry's delay, doubled each attempt ...
     backoff_max      ... up to this cap
     max_deferrals    rate-limit waits without an attempt spent; past them a wait spends one
+                     (a busy host's waits, which nobody timed, never spend one)
     defer_base/max   backoff for a deferral nobody gave a time for (a busy host)
     countdowns_held  short retries ride in the broker as ETA messages a worker holds; False
                      keeps every wait in the delayed store (a worker holds only what it runs)

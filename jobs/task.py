@@ -248,8 +248,10 @@ class PlumbTask(Task):
     # --- what a run raised -------------------------------------------------------
     def _after_rate_limit(self, exc: RateLimited):
         deferrals = int(header(self.request, DEFERRALS_HEADER) or 0)
-        if deferrals >= self.policy.max_deferrals:
-            # A host that keeps refusing us: its waits now spend attempts, so it ends.
+        # A host that keeps refusing us: its waits now spend attempts, so it ends. A
+        # wait nobody timed (every slot of a host busy) is our own politeness, not a
+        # refusal: slots turn over, so it is deferred on, however many turns it takes.
+        if deferrals >= self.policy.max_deferrals and exc.retry_at is not None:
             return self._after_error(exc)
         self._wait(
             DEFERRAL,

@@ -155,7 +155,8 @@ class OutboundClient:
     """Sends requests through an httpx.Client, minding each bucket's admission.
 
     With `slots` each request also holds one of its host's (or its credential's)
-    slots, waiting for one at most as long as an inline wait. `rate_limits=False`
+    slots, waiting for one at most as long as an inline wait (or not at all, for a
+    limit that is not `wait_inline`: page fetches). `rate_limits=False`
     (webhook receivers: their 429 is an ordinary failed attempt) sends without
     admission, observations or inline waits; the metrics still count the request.
     """
@@ -208,6 +209,8 @@ class OutboundClient:
                         response.status_code, rate_limited=verdict is not None and verdict.limited
                     )
                     _count(key, response, METRIC_OUTCOMES[answer])
+                    if self.slots is not None and not answer.retryable:
+                        hostslots.answered(self.slots, self._slot_name(request.url, key))
                     if verdict is None or not verdict.limited:
                         return response
                     response.close()
@@ -260,10 +263,13 @@ class OutboundClient:
             return contextlib.nullcontext()
         return hostslots.slot(
             self.slots,
-            key if self.slots.per_credential else url.netloc.decode("ascii"),
+            self._slot_name(url, key),
             key=key,
-            max_wait=max(0.0, self._inline_budget(deadline)),
+            max_wait=max(0.0, self._inline_budget(deadline)) if self.slots.wait_inline else None,
         )
+
+    def _slot_name(self, url: httpx.URL, key: str) -> str:
+        return key if self.slots.per_credential else url.netloc.decode("ascii")
 
 
 def _until(verdict: Verdict) -> float:

@@ -4,6 +4,9 @@ A limit says how many calls may be in flight at once (`concurrency`, 0: any
 number) and how often one may start (`rate` per second, spaced evenly, no burst;
 None: no spacing). Each pool keeps its own slots:
 
+- page fetches: PAGE_FETCH_PER_HOST_CONCURRENCY per host, never waited for inline (an
+  audit whose host is full is deferred to the delayed store and its thread moves on),
+  and PAGE_FETCH_WARMUP_RATE starts a second to a host that has not answered lately;
 - link checks: LINKCHECK_PER_HOST_CONCURRENCY and LINKCHECK_PER_HOST_RATE per host;
 - GitHub: one call at a time per credential (GitHub's advice against secondary limits);
 - webhook deliveries: WEBHOOK_PER_HOST_CONCURRENCY per destination host.
@@ -32,17 +35,26 @@ SLOTS_RESOURCE = "slots"
 BUSY_POLL_SECONDS = 0.05
 # The least a caller that gave up waiting is told to stay away.
 MIN_RETRY_SECONDS = 1.0
+# A host that answered within this long starts at full speed (SlotLimit.warmup_rate).
+ANSWERED_SECONDS = 60
 
 # Returns {1, 0, now_ms} when the slot is taken, {0, -1, now_ms} when all are busy,
-# {0, wait_ms, now_ms} when the next start is spaced later. Both limits are checked
+# {0, wait_ms, now_ms} when the next start is spaced later, {0, -2, now_ms} when a host
+# that has not answered lately is slow-started (untimed like a busy host: whoever waits
+# on it backs off, since nobody knows when it will answer). Both limits are checked
 # and the slot taken in one step, so two workers cannot both take the last one.
 ACQUIRE = lua(
     REDIS_NOW_LUA
     + """
-local inflight, next_key = KEYS[1], KEYS[2]
+local inflight, next_key, answered_key = KEYS[1], KEYS[2], KEYS[3]
 local token, limit = ARGV[1], tonumber(ARGV[2])
 local lease, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
+local warmup_interval = tonumber(ARGV[5])
 local now = redis_now()
+local warming = false
+if interval == 0 and warmup_interval > 0 and redis.call('EXISTS', answered_key) == 0 then
+  interval, warming = warmup_interval, true
+end
 local now_ms = math.floor(now * 1000)
 redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
 if limit > 0 and redis.call('ZCARD', inflight) >= limit then
@@ -51,6 +63,7 @@ end
 if interval > 0 then
   local next_at = tonumber(redis.call('GET', next_key) or '0')
   if next_at > now then
+    if warming then return {0, -2, now_ms} end
     return {0, math.ceil((next_at - now) * 1000), now_ms}
   end
   redis.call('SET', next_key, string.format('%.6f', now + interval),
@@ -65,11 +78,18 @@ return {1, 0, now_ms}
 
 @dataclass(frozen=True)
 class SlotLimit:
-    pool: str  # "links", "github", "webhooks": each pool keeps its own slots
+    pool: str  # "pages", "links", "github", "webhooks": each pool keeps its own slots
     concurrency: int  # calls in flight at once; 0: any number
     lease: float  # seconds a slot is held at most (longer than any live call)
     rate: float | None = None  # calls started per second; None: no spacing
     per_credential: bool = False  # slots per admission key, not per host
+    # Calls started per second to a host that has not answered lately (ANSWERED_SECONDS):
+    # a slow start, so a host that is down meets a few calls before its breaker hears of
+    # them, not a burst. None: no slow start.
+    warmup_rate: float | None = None
+    # False: a caller finding every slot busy raises RateLimited at once (retry_at None,
+    # unless the rate spaces it), so its job is deferred instead of polling in its thread.
+    wait_inline: bool = True
 
     @property
     def limits_anything(self) -> bool:
@@ -79,28 +99,38 @@ class SlotLimit:
 @dataclass(frozen=True)
 class Attempt:
     taken: bool
-    wait: float | None  # not taken: seconds worth waiting, None when every slot is busy
+    # Not taken: seconds worth waiting; None when every slot is busy or the host is slow-started.
+    wait: float | None
     now: float  # Redis's clock, epoch seconds
+    warming: bool = False  # not taken because the host has not answered lately
 
 
 def _keys(limit: SlotLimit, name: str) -> list[str]:
-    return [f"hostslots:{limit.pool}:{name}:inflight", f"hostslots:{limit.pool}:{name}:next"]
+    prefix = f"hostslots:{limit.pool}:{name}"
+    return [f"{prefix}:inflight", f"{prefix}:next", f"{prefix}:answered"]
 
 
 def try_acquire(limit: SlotLimit, name: str, token: str) -> Attempt:
     """Take one of `name`'s slots for `token`, if the limit allows it now."""
     interval = 1.0 / limit.rate if limit.rate else 0.0
+    warmup_interval = 1.0 / limit.warmup_rate if limit.warmup_rate else 0.0
     taken, wait_ms, now_ms = ACQUIRE(
         keys=_keys(limit, name),
-        args=[token, limit.concurrency, repr(limit.lease), repr(interval)],
+        args=[token, limit.concurrency, repr(limit.lease), repr(interval), repr(warmup_interval)],
         client=redis_client(),
     )
     wait = None if wait_ms < 0 else wait_ms / 1000
-    return Attempt(taken=bool(taken), wait=wait, now=now_ms / 1000)
+    return Attempt(taken=bool(taken), wait=wait, now=now_ms / 1000, warming=wait_ms == -2)
 
 
 def release(limit: SlotLimit, name: str, token: str) -> None:
     redis_client().zrem(_keys(limit, name)[0], token)
+
+
+def answered(limit: SlotLimit, name: str) -> None:
+    """`name` gave an answer (not an error or a 5xx): no slow start for a while."""
+    if limit.warmup_rate:
+        redis_client().set(_keys(limit, name)[2], 1, ex=ANSWERED_SECONDS)
 
 
 @contextlib.contextmanager
@@ -137,6 +167,8 @@ def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> It
 
 
 def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:
+    if attempt.warming:
+        return f"{name} has not answered lately: {limit.warmup_rate:g} call(s) a second"
     if attempt.wait is None:
         return f"{name} is busy with {limit.concurrency} call(s) in flight"
     return f"{name} may start {limit.rate:g} call(s) a second"

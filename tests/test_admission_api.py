@@ -105,6 +105,8 @@ def test_the_queue_endpoint_reports_the_backlog(
     settings.AUDIT_QUEUE_MAX_DEPTH = 50
     submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/1")
     redis_client.hset("unacked:audits", "tag", "a retry held until its ETA")
+    # An anonymous submission does not enrol its page in the nightly re-audit; its owner does.
+    Page.objects.update(reaudit_nightly=True)
     # Tonight's fan-out places that page hours ahead: scheduled, not backlog.
     fan_out(window_seconds=6 * 3600, night_tasks=NIGHT_TASKS)
 

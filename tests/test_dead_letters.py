@@ -92,7 +92,7 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
     # Every task's arguments are checked against its annotations, the link check's too:
     # 'not-a-row-id' was dead-lettered twice, as `failed`, by its failure hook.
     for case, args in [(9, ["not-a-row-id"]), (10, [True]), (11, [1.5])]:
-        app.send_task("audits.check_link", args=args, task_id=ids[case], queue="audits")
+        app.send_task("audits.check_shared_link", args=args, task_id=ids[case], queue="audits")
 
     def all_dead_lettered():
         return DeadLetter.objects.filter(task_id__in=ids.values()).count() == len(ids)
@@ -111,7 +111,10 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
         6: (1, "argument audit_id of audits.run_audit must be str, got 42"),
         7: (1, "audit id 'not-a-uuid' is not a UUID"),
         8: (1, "no audit with id"),
-        9: (1, "argument link_check_id of audits.check_link must be int, got 'not-a-row-id'"),
+        9: (
+            1,
+            "argument shared_link_id of audits.check_shared_link must be int, got 'not-a-row-id'",
+        ),
         10: (1, "must be int, got True"),
         11: (1, "must be int, got 1.5"),
     }

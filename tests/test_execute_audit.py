@@ -25,12 +25,12 @@ def make_audit(url: str) -> Audit:
 
 def test_a_finished_audit_stores_its_result(site, redis_client):
     audit = make_audit(f"{site.base_url}/redirect")
-    services.execute_audit(str(audit.id))
+    (queued,) = services.execute_audit(str(audit.id))
     audit.refresh_from_db()
     # The page links out: the audit waits for its link check, run here directly.
     assert audit.status == Audit.Status.CHECKING_LINKS
     (check,) = audit.link_checks.all()
-    linkcheck.run_link_check(check.id)
+    linkcheck.run_shared_check(queued.shared_link_id, queued.task_id)
     audit.refresh_from_db()
     assert audit.status == Audit.Status.SUCCEEDED
     assert audit.result["links"] == [{"url": check.url, "status": "ok", "status_code": 200}]

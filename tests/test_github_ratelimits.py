@@ -82,7 +82,7 @@ def test_an_app_jwt_observation_does_not_clear_an_installations_exhaustion_backo
     with pytest.raises(RateLimited):
         github.repository("plumb", "repo0")
     delayed.schedule(
-        delayed.Entry("audits.check_link", "audits", "t-1", [1], wait="deferral",
+        delayed.Entry("audits.check_shared_link", "audits", "t-1", [1], wait="deferral",
                       wait_on=(INSTALLATION, "core")),
         delay=0,
     )  # fmt: skip
@@ -168,7 +168,7 @@ def test_a_60s_retry_after_causes_no_inline_retry_and_a_queue_retry_60s_later_wi
     (revealing,) = fake_github.requests(identity=fake_github.installation)
     assert revealing.status == 403  # the one request; no inline retry, no GraphQL try
     for task, due in entries:
-        assert task.task == "audits.check_link"
+        assert task.task == "audits.check_shared_link"
         assert task.retries == 0  # no attempt spent
         assert due >= revealing.at + 60
         assert due <= revealing.at + 60 + 7  # Retry-After plus up to 10 % jitter

@@ -127,3 +127,27 @@ def test_no_limit_takes_no_slot(redis_client):
         unlimited, "hooks.example.org", key="host:hooks.example.org", max_wait=None
     ):
         assert redis_client.keys("hostslots:*") == []
+
+
+def test_a_host_that_has_not_answered_lately_starts_slowly_until_it_answers(redis_client):
+    pages = SlotLimit("pages", concurrency=8, lease=5.0, wait_inline=False, warmup_rate=2)
+    host = "down.example:80"
+    assert take(pages, host)
+    # Nothing answered yet: the next start waits half a second, though slots are free.
+    waiting = hostslots.try_acquire(pages, host, uuid.uuid4().hex)
+    assert not waiting.taken and waiting.warming
+    busy = hostslots.slot(pages, host, key="host:down.example", max_wait=None)
+    with pytest.raises(RateLimited) as raised, busy:
+        pass
+    assert "has not answered lately" in raised.value.reason
+    # Untimed, like a busy host: nobody knows when it will answer, so the job backs off
+    # without spending its attempts on the wait.
+    assert raised.value.retry_at is None
+    time.sleep(0.5)
+    assert take(pages, host)  # half a second later, the next start
+    hostslots.answered(pages, "other.example:80")
+    assert not take(pages, host)  # another host's answer does not count
+    hostslots.answered(pages, host)
+    # Answered: full speed, up to the concurrency.
+    assert all(take(pages, host) for _ in range(6))
+    assert not take(pages, host)

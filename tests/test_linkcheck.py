@@ -5,10 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import linkcheck, submission
-from audits.models import Audit, LinkCheck
+from audits.models import Audit, LinkCheck, SharedLink
+from jobs.errors import Transient
+from observability.metrics import TASK_FIRST_ATTEMPTS, read_counter
 from outbound.integrations import links
 from outbound.integrations.github import GitHubCredentials
 from outbound.integrations.links import check_http, github_repository
@@ -51,41 +55,114 @@ def test_without_github_credentials_a_repository_link_is_a_plain_link(settings):
     assert GitHubCredentials.from_settings() is None
 
 
-def checking_audit(site, links: list[str], *, cap: int = 100, settings=None) -> Audit:
-    page = submission.get_or_create_page(normalize_url(f"{site.base_url}/"))
+def checking_audit(site, links: list[str], *, path: str = "/") -> tuple[Audit, list]:
+    """An audit of `path` moved to checking its links; with the checks it claimed."""
+    page = submission.get_or_create_page(normalize_url(f"{site.base_url}{path}"))
     audit = Audit.objects.create(page=page, task_id="t", status=Audit.Status.RUNNING)
-    linkcheck.start_link_checks(str(audit.id), {"status_code": 200, "external_links": links})
-    return Audit.objects.get(id=audit.id)
+    _, queued = linkcheck.start_link_checks(
+        str(audit.id), {"status_code": 200, "external_links": links}
+    )
+    return Audit.objects.get(id=audit.id), queued
 
 
-def test_the_last_check_to_finish_finishes_the_audit(site, redis_client):
-    audit = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/missing"])
+def run(queued: list) -> None:
+    for check in queued:
+        linkcheck.run_shared_check(check.shared_link_id, check.task_id)
+
+
+def status_of(audit: Audit) -> str:
+    return Audit.objects.get(id=audit.id).status
+
+
+def test_the_last_check_to_finish_finishes_the_audit(site, settings, redis_client):
+    settings.LINKCHECK_BROKEN_RECHECK_SECONDS = 0
+    audit, (first, second) = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/missing"])
     assert audit.status == Audit.Status.CHECKING_LINKS
-    first, second = audit.link_checks.order_by("url")
-    linkcheck.run_link_check(first.id)
-    assert Audit.objects.get(id=audit.id).status == Audit.Status.CHECKING_LINKS
-    linkcheck.run_link_check(second.id)
+    run([first])
+    assert status_of(audit) == Audit.Status.CHECKING_LINKS
+    run([second])
     done = Audit.objects.get(id=audit.id)
     assert done.status == Audit.Status.SUCCEEDED
     assert [link["status"] for link in done.result["links"]] == ["ok", "broken"]
     assert done.result["status_code"] == 200  # the page's own result is kept
-    assert linkcheck.run_link_check(first.id) is None  # a duplicate delivery changes nothing
+    # A duplicate delivery changes nothing and sends nothing.
+    assert linkcheck.run_shared_check(first.shared_link_id, first.task_id) is None
+
+
+def test_audits_listing_a_link_share_its_one_check_while_it_is_fresh(site, settings, redis_client):
+    settings.LINKCHECK_BROKEN_RECHECK_SECONDS = 0
+    shared, own = f"{site.base_url}/", f"{site.base_url}/noindex"
+    first, first_claims = checking_audit(site, [shared], path="/a")
+    second, second_claims = checking_audit(site, [shared, own], path="/b")
+    # The second audit waits for the first one's check of the shared link.
+    assert [c.shared_link_id for c in first_claims] == list(
+        LinkCheck.objects.filter(audit=first).values_list("link_id", flat=True)
+    )
+    assert len(second_claims) == 1  # its own link only
+    run(second_claims)
+    assert status_of(second) == Audit.Status.CHECKING_LINKS
+    run(first_claims)
+    for audit in (first, second):
+        assert status_of(audit) == Audit.Status.SUCCEEDED
+    assert Audit.objects.get(id=second.id).result["links"][0] == {
+        "url": shared, "status": "ok", "status_code": 200,
+    }  # fmt: skip
+    assert site.hits["/"] == 1
+
+    # Fresh: a later audit reads the outcome and is finished at once, with no request.
+    third, third_claims = checking_audit(site, [shared], path="/c")
+    assert third_claims == [] and third.status == Audit.Status.SUCCEEDED
+    assert third.result["links"][0]["status"] == "ok"
+    assert site.hits["/"] == 1
+
+    # Stale after LINKCHECK_FRESH_SECONDS: the next audit checks it again.
+    SharedLink.objects.update(checked_at=timezone.now() - timedelta(days=2))
+    fourth, fourth_claims = checking_audit(site, [shared], path="/d")
+    assert len(fourth_claims) == 1
+    run(fourth_claims)
+    assert status_of(fourth) == Audit.Status.SUCCEEDED
+    assert site.hits["/"] == 2
+
+
+def test_a_broken_answer_is_checked_again_before_an_audit_reports_it(site, settings, redis_client):
+    settings.LINKCHECK_BROKEN_RECHECK_SECONDS = 10
+    audit, (claim,) = checking_audit(site, [f"{site.base_url}/missing"])
+    with pytest.raises(Transient) as raised:
+        run([claim])
+    assert raised.value.retry_after == 10  # the task retries after the recheck window
+    assert status_of(audit) == Audit.Status.CHECKING_LINKS  # not reported yet
+    run([claim])  # the retry: still broken, now reported
+    done = Audit.objects.get(id=audit.id)
+    assert done.result["links"][0]["status"] == "broken"
+    assert site.hits["/missing"] == 2
+
+    # A broken outcome is fresh for LINKCHECK_BROKEN_FRESH_SECONDS only.
+    settings.LINKCHECK_BROKEN_FRESH_SECONDS = 60
+    SharedLink.objects.update(checked_at=timezone.now() - timedelta(seconds=120))
+    _, again = checking_audit(site, [f"{site.base_url}/missing"], path="/again")
+    assert len(again) == 1
+
+
+def test_a_check_that_does_not_finish_its_audit_never_reads_the_audits_result(site, redis_client):
+    audit, (first, _second) = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/x"])
+    # A page's result may be megabytes (issue 26): a check reads only its link.
+    with CaptureQueriesContext(connection) as queries:
+        run([first])
+    assert status_of(audit) == Audit.Status.CHECKING_LINKS
+    assert not [q["sql"] for q in queries if '"result"' in q["sql"]]
 
 
 def test_links_over_the_cap_are_skipped(site, settings, redis_client):
     settings.AUDIT_MAX_LINK_CHECKS = 1
-    audit = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/noindex"])
+    audit, _ = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/noindex"])
     statuses = dict(audit.link_checks.values_list("url", "status"))
     assert statuses == {f"{site.base_url}/": "queued", f"{site.base_url}/noindex": "skipped"}
 
 
 def test_the_deadline_finishes_the_audit_reporting_unfinished_checks(site, redis_client):
-    audit = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/noindex"])
-    first, second = audit.link_checks.order_by("url")
-    linkcheck.run_link_check(first.id)
-    LinkCheck.objects.filter(id=second.id).update(
-        status=LinkCheck.Status.RATE_LIMITED_PENDING, retry_at=timezone.now()
-    )
+    audit, (first, second) = checking_audit(site, [f"{site.base_url}/", f"{site.base_url}/noindex"])
+    run([first])
+    linkcheck.mark_waiting(second.shared_link_id, why="admission", seconds=30)
     assert linkcheck.finish_overdue_link_checks() == 0  # not overdue yet
     later = timezone.now() + timedelta(seconds=3600)
     assert linkcheck.finish_overdue_link_checks(now=later) == 1
@@ -96,7 +173,38 @@ def test_the_deadline_finishes_the_audit_reporting_unfinished_checks(site, redis
     }  # fmt: skip
     pending = done.result["links"][1]
     assert pending["status"] == "rate_limited_pending" and pending["finished"] is False
-    assert linkcheck.run_link_check(second.id) is None  # woken after the deadline: nothing to do
+    # Woken after the deadline, the check still records the link for later audits.
+    run([second])
+    assert SharedLink.objects.get(id=second.shared_link_id).status == "ok"
+    assert Audit.objects.get(id=audit.id).result["links"][1]["finished"] is False
+
+
+@pytest.mark.slow
+def test_forty_pages_sharing_eight_footer_links_send_eight_requests(start_worker, redis_client):
+    # Seed 001's amplification in the footer: 40 pages of one site, the same 8 links.
+    other_host = LinkedPage(delay=0).start()
+    footer = [f"{other_host.url}/footer/{n}" for n in range(8)]
+    site = LinkedPage(footer).start()
+    try:
+        start_worker("audits", concurrency=8, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+        audits = [
+            submission.submit_audit(normalize_url(f"{site.url}/?page={n}")) for n in range(40)
+        ]
+        wait_for(
+            lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
+            timeout=90, message="the forty audits",
+        )  # fmt: skip
+        for audit in Audit.objects.filter(id__in=[a.id for a in audits]):
+            assert audit.status == Audit.Status.SUCCEEDED
+            assert [link["status"] for link in audit.result["links"]] == ["ok"] * 8
+            assert audit.result["link_check"]["unfinished"] == 0
+        assert len(other_host.arrivals) == 8  # one request per distinct link
+        # The amplification series counts link checks against distinct links.
+        first_attempts = read_counter(TASK_FIRST_ATTEMPTS)
+        assert first_attempts[("audits.check_shared_link",)] == 8
+    finally:
+        site.stop()
+        other_host.stop()
 
 
 @pytest.mark.slow

@@ -277,7 +277,7 @@ def test_the_waker_reads_the_tasks_own_bucket_and_reparks_while_it_is_spent(redi
     record(exhausted_core(now))
     record(healthy(github_app_key(4242), "core", now + 1))  # newer, another bucket
     entry = delayed.Entry(
-        "audits.check_link", "audits", "t-1", [1], headers={"plumb_deferrals": 1},
+        "audits.check_shared_link", "audits", "t-1", [1], headers={"plumb_deferrals": 1},
         wait="deferral", wait_on=(INSTALLATION, "core"),
     )  # fmt: skip
     delayed.schedule(entry, delay=0)

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audits.models import Audit, LinkCheck, Page
+from audits.models import Audit, LinkCheck, Page, SharedLink
 from jobs import retention
 from jobs.models import DeadLetter
 from ratelimit.observations import RateLimitObservation
@@ -148,6 +148,27 @@ def test_link_checks_of_finished_audits_go_after_their_own_horizon():
 
     assert set(LinkCheck.objects.values_list("audit_id", flat=True)) == {checking.id, recent.id}
     assert Audit.objects.count() == 3  # the audits keep their result, links included
+
+
+def test_distinct_links_not_checked_lately_go_unless_a_check_waits_on_them():
+    long_ago, lately = NOW - timedelta(days=30), NOW - timedelta(days=2)
+    stale = SharedLink.objects.create(url="https://stale.test/", status="ok", checked_at=long_ago)
+    fresh = SharedLink.objects.create(url="https://fresh.test/", status="ok", checked_at=lately)
+    in_flight = SharedLink.objects.create(
+        url="https://in-flight.test/", status="ok", checked_at=long_ago, checking_since=NOW
+    )
+    awaited = SharedLink.objects.create(
+        url="https://awaited.test/", status="ok", checked_at=long_ago
+    )
+    checking = make_audit(make_page(), "checking_links", days_ago=0)
+    LinkCheck.objects.create(audit=checking, url=awaited.url, link=awaited)
+
+    assert prune("shared_links").deleted == 1
+
+    assert not SharedLink.objects.filter(id=stale.id).exists()
+    assert set(SharedLink.objects.values_list("id", flat=True)) == {
+        fresh.id, in_flight.id, awaited.id
+    }  # fmt: skip
 
 
 # --- batches -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import redis.exceptions
 from django import db
 
-from audits.tasks import AUDIT_POLICY, check_link, run_audit
+from audits.tasks import AUDIT_POLICY, check_shared_link, run_audit
 from jobs.errors import Transient
 from jobs.policy import DEFERRAL, PARK, RETRY, RetryPolicy, delay, longest_held_countdown
 from ratelimit.headers import parse_retry_after
@@ -123,6 +123,6 @@ def test_waits_longer_than_a_worker_may_hold_a_message_are_stored(settings):
 )
 def test_every_job_retries_when_plumb_s_own_infrastructure_is_away(error):
     # A Redis blip in the middle of an audit dead-lettered it as if the page had failed.
-    for task in (run_audit, check_link, deliver_webhook, place):
+    for task in (run_audit, check_shared_link, deliver_webhook, place):
         assert task.policy.retries(error), task.name
     assert not isinstance(error, Transient)  # so no breaker counts it

@@ -18,7 +18,7 @@ TASKS = sorted(
 
 
 def test_every_plumb_task_is_checked():
-    assert {"audits.run_audit", "audits.check_link", "webhooks.deliver", "reaudit.place"} <= set(
+    assert {"audits.run_audit", "audits.check_shared_link", "webhooks.deliver", "reaudit.place"} <= set(
         TASKS
     )
 

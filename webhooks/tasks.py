@@ -31,8 +31,8 @@ WEBHOOK_POLICY = RetryPolicy(
     backoff_base=lambda: settings.WEBHOOK_BACKOFF_BASE_SECONDS,
     backoff_max=lambda: settings.WEBHOOK_BACKOFF_MAX_SECONDS,
     # A busy destination: back after 0.25 s, then 0.5, 1, 2 ... (jittered), never later
-    # than one request timeout, by when every slot has turned over. A burst to one host
-    # can take many turns, so the cap on them is generous.
+    # than one request timeout, by when every slot has turned over. However many turns
+    # a burst to one host takes, they spend no attempt (jobs.task).
     defer_base=0.25,
     defer_max=lambda: settings.WEBHOOK_TIMEOUT_SECONDS,
     max_deferrals=50,

@@ -1,4 +1,11 @@
-"""The audited page: one GET through the redirect loop, a size cap, timings."""
+"""The audited page: one GET through the redirect loop, a size cap, timings.
+
+Each hop holds one of its host's page-fetch slots (PAGE_FETCH_PER_HOST_CONCURRENCY,
+across every worker, `outbound.hostslots`): a thousand pages of one site submitted
+together reach it a few at a time, as a polite crawler's would. A host whose slots are
+all taken raises RateLimited at once, so the audit waits in the delayed store, not in
+a worker thread, and audits of other hosts run meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,26 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from django.conf import settings
 
 from jobs.errors import Permanent, Transient
 from outbound.bounded import TRUNCATED
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
+from outbound.hostslots import SlotLimit
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import classify_status, unwanted_answer
+
+
+def page_fetch_slots(timeout: float) -> SlotLimit:
+    return SlotLimit(
+        "pages",
+        concurrency=settings.PAGE_FETCH_PER_HOST_CONCURRENCY,
+        # Held for one fetch at most (every hop and the body are within the timeout).
+        lease=timeout + 5,
+        wait_inline=False,
+        warmup_rate=settings.PAGE_FETCH_WARMUP_RATE or None,
+    )
 
 
 @dataclass
@@ -70,7 +90,8 @@ def fetch_page(
         max_body_bytes=max_bytes,
     )
     try:
-        response = chain.follow(OutboundClient(client), deadline=deadline)
+        outbound = OutboundClient(client, slots=page_fetch_slots(timeout))
+        response = chain.follow(outbound, deadline=deadline)
     except TargetNotAllowed as exc:
         raise Permanent(f"refused to fetch {chain.current}: {exc}") from exc
     except TooManyRedirects as exc:
