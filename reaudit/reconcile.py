@@ -8,7 +8,10 @@ them; the rows say what is owed:
 - the slice an open night's chain waits for (`services.next_slice`), due at its
   planned start;
 - every unfired placement of a published slice, due at its offset (shifted by the
-  slice's lateness), or since it was last published again (`requeued_at`).
+  slice's lateness), or since it was last published again (`requeued_at`);
+- the night itself, when beat sent its fan-out (django-celery-beat records the send as
+  the entry's `last_run_at` in PostgreSQL) and no night of that day exists: the message
+  died before a reaudit worker ran it.
 
 After Redis lost data each goes back with its own due time (an ETA at most one slice
 ahead, as the slice published it), so the night still re-audits every page once, on
@@ -25,11 +28,13 @@ from datetime import date, datetime, timedelta
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
 
+from config.redis import redis_client
 from jobs.reconcile import BATCH, PUBLISH_ERRORS, OwedWork, Window
 from reaudit import services
 from reaudit.models import FanOut, Placement
-from reaudit.tasks import NIGHT_TASKS
+from reaudit.tasks import NIGHT_TASKS, fan_out
 
 
 def nights(window: Window) -> Iterable[FanOut]:
@@ -119,7 +124,45 @@ def republish_placement(owed: OwedPlacement) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class OwedFanOut:
+    day: date
+
+
+def owed_fan_outs(window: Window) -> Iterator[OwedFanOut]:
+    """A nightly fan-out beat sent within the last day whose night does not exist."""
+    sent = PeriodicTask.objects.filter(
+        task=fan_out.name, enabled=True, last_run_at__gte=window.now - timedelta(days=1)
+    )
+    if window.redis_lost:
+        sent = sent.filter(window.since("last_run_at"))
+    else:
+        sent = sent.filter(last_run_at__lt=window.overdue_before)
+    for last_run_at in sent.values_list("last_run_at", flat=True):
+        day = timezone.localdate(last_run_at)
+        if not FanOut.objects.filter(day=day).exists():
+            yield OwedFanOut(day)
+
+
+def republish_fan_out(owed: OwedFanOut) -> bool:
+    # Once per RECONCILE_AFTER_SECONDS while its night is missing (a reaudit worker down
+    # for an hour is not sent a fan-out every tick); a Redis that forgot the stamp has
+    # forgotten the message too. Idempotent anyway: a fan-out that finds its night only
+    # resumes it.
+    try:
+        if not redis_client().set(
+            f"reconcile:fan-out:{owed.day.isoformat()}", 1, nx=True,
+            ex=max(1, int(settings.RECONCILE_AFTER_SECONDS)),
+        ):  # fmt: skip
+            return True
+        fan_out.apply_async(kwargs={"day": owed.day.isoformat()}, queue=settings.REAUDIT_QUEUE)
+    except PUBLISH_ERRORS:
+        return False
+    return True
+
+
 SOURCES = (
+    OwedWork("reaudit_fan_outs", owed_fan_outs, republish_fan_out),
     OwedWork("reaudit_slices", owed_slices, republish_slice),
     OwedWork("reaudit_placements", owed_placements, republish_placement),
 )

@@ -425,3 +425,24 @@ def test_the_admin_shows_a_nights_progress_and_its_placements(redis_client, admi
     listed = placements.content.decode()
     assert all(page.url.replace("&", "&amp;") in listed for page in pages)
     assert services.placement_key(pages[0].id, DAY) in detail.content.decode()
+
+
+def test_a_fan_out_beat_sent_whose_message_was_lost_is_sent_again_once(redis_client):
+    # Beat sent tonight's fan-out (it records the send in PostgreSQL) and the message died
+    # with Redis before a reaudit worker ran it: no night exists.
+    entry = PeriodicTask.objects.get(task="reaudit.fan_out")
+    sent_at = timezone.now() - timedelta(minutes=20)
+    PeriodicTask.objects.filter(id=entry.id).update(last_run_at=sent_at)
+    day = timezone.localdate(sent_at)
+
+    first = reconciled_now(overdue_after=600)
+    assert first.republished.get("reaudit_fan_outs") == 1
+    assert [m.task for m in queued(redis_client, "reaudit")] == ["reaudit.fan_out"]
+
+    # Not again every tick while the night is still missing ...
+    reconciled_now(overdue_after=600)
+    assert [m.task for m in queued(redis_client, "reaudit")] == ["reaudit.fan_out"]
+    # ... and nothing once the night exists.
+    services.fan_out(day, night_tasks=NIGHT_TASKS, window_seconds=WINDOW)
+    redis_client.flushdb()
+    assert reconciled_now(overdue_after=600).republished.get("reaudit_fan_outs") is None
