@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from audits import submission
-from audits.models import Audit, LinkCheck
+from audits.models import Audit, LinkCheck, SharedLink
 from audits.tasks import run_audit
 from jobs import delayed, reconcile
 from jobs.models import ReconcileMark
@@ -130,7 +130,11 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     Audit.objects.filter(id=done.id).update(status=Audit.Status.SUCCEEDED)
     checking = accepted_without_a_message("https://example.org/c", age_seconds=1)
     Audit.objects.filter(id=checking.id).update(status=Audit.Status.CHECKING_LINKS)
-    check = LinkCheck.objects.create(audit=checking, url="https://x.test/", task_id="check-1")
+    # The audit waits on one distinct link whose check (claimed as "check-1") is in flight.
+    link = SharedLink.objects.create(
+        url="https://x.test/", checking_since=timezone.now(), check_task_id="check-1"
+    )
+    LinkCheck.objects.create(audit=checking, url=link.url, link=link)
     pending, _ = deliver.create_delivery(
         finished_audit_with_callback("https://r.test/", number=1).id
     )
@@ -145,7 +149,7 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     assert result.redis_lost
     assert result.republished == {"audits": 3, "link_checks": 1, "webhook_deliveries": 2}
     # Owed now: in their queues at once.
-    assert {m.id for m in queued(redis_client, "audits")} == {queued_audit.task_id, check.task_id}
+    assert {m.id for m in queued(redis_client, "audits")} == {queued_audit.task_id, "check-1"}
     assert [m.id for m in queued(redis_client, "webhooks")] == [pending.task_id]
     # Owed later: back in the delayed store, due when they were, with their attempts.
     stored = {entry.task_id: (entry, due) for entry, due in
