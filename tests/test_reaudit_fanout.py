@@ -13,7 +13,7 @@ import pytest
 from django.apps import apps
 from django.core.management import call_command
 from django.utils import timezone
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from audits.models import Audit, Page
 from reaudit import services
@@ -430,9 +430,17 @@ def test_the_admin_shows_a_nights_progress_and_its_placements(redis_client, admi
 def test_a_fan_out_beat_sent_whose_message_was_lost_is_sent_again_once(redis_client):
     # Beat sent tonight's fan-out (it records the send in PostgreSQL) and the message died
     # with Redis before a reaudit worker ran it: no night exists.
-    entry = PeriodicTask.objects.get(task="reaudit.fan_out")
+    # The entry as the migration makes it (a transactional test elsewhere may have
+    # flushed the migration's rows).
+    PeriodicTask.objects.filter(task="reaudit.fan_out").delete()
     sent_at = timezone.now() - timedelta(minutes=20)
-    PeriodicTask.objects.filter(id=entry.id).update(last_run_at=sent_at)
+    PeriodicTask.objects.create(
+        name="reaudit: nightly fan-out",
+        task="reaudit.fan_out",
+        crontab=CrontabSchedule.objects.create(minute="0", hour="0"),
+        queue="reaudit",
+        last_run_at=sent_at,
+    )
     day = timezone.localdate(sent_at)
 
     first = reconciled_now(overdue_after=600)
