@@ -308,20 +308,32 @@ class PlumbTask(Task):
             },
         )  # fmt: skip
         self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
-        instrumentation.waited(self, RETRY_REASONS[reason])
-        if held:
-            self.apply_async(
-                args=request.args, kwargs=request.kwargs, task_id=request.id, queue=queue,
-                countdown=seconds, retries=retries, headers=headers,
+        try:
+            instrumentation.waited(self, RETRY_REASONS[reason])
+            if held:
+                self.apply_async(
+                    args=request.args, kwargs=request.kwargs, task_id=request.id, queue=queue,
+                    countdown=seconds, retries=retries, headers=headers,
+                )  # fmt: skip
+            else:
+                entry = delayed.Entry(
+                    task=self.name, queue=queue, task_id=request.id,
+                    args=list(request.args or []), kwargs=dict(request.kwargs or {}),
+                    retries=retries, headers=headers, wait=reason, reason=why,
+                    wait_on=exc.wait_on if isinstance(exc, RateLimited) else None,
+                )  # fmt: skip
+                delayed.schedule(entry, delay=seconds)
+        except INFRASTRUCTURE_UNAVAILABLE as error:
+            # Redis (or the broker) is away, so the wait cannot be stored. The job has not
+            # failed: its row records the wait (before_wait), and the reconciler publishes
+            # it again once Redis answers (jobs.reconcile). Raised on, this error failed
+            # the job for good ("gave up after 1 attempt") in the middle of a Redis blip.
+            log.warning(
+                "task.wait_not_stored",
+                extra={"task": self.name, "task_id": request.id,
+                       "error": f"{error.__class__.__name__}: {error}"},
             )  # fmt: skip
-        else:
-            entry = delayed.Entry(
-                task=self.name, queue=queue, task_id=request.id,
-                args=list(request.args or []), kwargs=dict(request.kwargs or {}),
-                retries=retries, headers=headers, wait=reason, reason=why,
-                wait_on=exc.wait_on if isinstance(exc, RateLimited) else None,
-            )  # fmt: skip
-            delayed.schedule(entry, delay=seconds)
+            raise Waiting(f"{why} (the wait could not be stored: Redis is away)") from error
         if reason == RETRY:
             # Celery records the retry (task_retry, state RETRY) and acknowledges the message.
             raise Retry(exc=exc, when=seconds)
