@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from logging.config import dictConfig
+from urllib.parse import urlsplit
 
 from celery import Celery, signals
 from django.conf import settings
@@ -27,6 +29,24 @@ app = Celery("plumb")
 app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def stay_on_plumb_s_transport(alternates: list[str]):
+    """The broker connection's failover strategy (Celery's `broker_failover_strategy`).
+
+    Under Sentinel the broker URL lists every sentinel, `;`-separated, which is how
+    kombu's Sentinel channel learns them; kombu also takes them for alternate brokers,
+    and after a connection error switches to the next by re-parsing its URL, which
+    makes the URL's scheme (`sentinel`) the transport: kombu's stock one, without
+    Plumb's hooks (the soak's reaudit worker then died in stock `conn_or_acquire` at
+    the next outage). The sentinels are not alternates: the channel asks all of them
+    for the master on every connect. So a switch names only the first one's host,
+    which keeps the connection's transport, credentials and database.
+    """
+    return itertools.repeat(urlsplit(alternates[0]).hostname or alternates[0])
+
+
+app.conf.broker_failover_strategy = stay_on_plumb_s_transport
 # The worker's own threads, one bootstep each: every worker wakes its queue's delayed
 # jobs, one of them samples the gauges each minute for the dashboard, and one a tick
 # publishes again what Redis lost (jobs.reconcile).

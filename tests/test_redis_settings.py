@@ -93,3 +93,30 @@ def test_a_sentinel_without_a_port_stops_the_process_with_the_variables_name():
     result = settings_in_subprocess({"REDIS_SENTINELS": "sentinel-1"}, "1")
     assert result.returncode != 0
     assert "REDIS_SENTINELS entries are host:port" in result.stderr
+
+
+def test_a_broker_failover_under_sentinel_keeps_plumb_s_transport():
+    # kombu takes the `;`-separated sentinel URLs for alternate brokers and, after a
+    # connection error, switches to the next by its scheme: kombu's stock Sentinel
+    # transport, without Plumb's hooks (the soak's reaudit worker died in its
+    # conn_or_acquire at the next outage). The switch must keep Plumb's transport.
+    code = (
+        "import django; django.setup()\n"
+        "from config.celery_app import app\n"
+        "connection = app.connection_for_read()\n"
+        "for _ in range(4): connection.maybe_switch_next()\n"
+        "print(type(connection.transport).__module__, type(connection.transport).__name__,"
+        " connection.virtual_host, connection.password)\n"
+    )
+    env = {
+        **os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "true",
+        "REDIS_SENTINELS": "127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381",
+        "REDIS_SENTINEL_MASTER": "plumb", "REDIS_URL": "redis://:pw@plumb/3",
+    }  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.stdout.split()[-4:] == ["jobs.transport", "SentinelTransport", "3", "pw"], (
+        result.stderr
+    )
