@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 
 import httpcore
 
@@ -55,23 +57,66 @@ def is_public_address(address: str) -> bool:
     return _is_public(ip)
 
 
+def resolve(host: str, port: int, timeout: float | None) -> list[str]:
+    """The addresses `host` resolves to, within `timeout`.
+
+    getaddrinfo blocks for as long as the system resolver likes (resolv.conf's 5 s a
+    try, times attempts, times nameservers) and cannot be interrupted, so it runs in a
+    daemon thread of its own that this call stops waiting for at the timeout: a lookup
+    is part of connecting, and the exchange's deadline covers it. A thread a lookup,
+    not a pool: nothing to rebuild after a fork, and an abandoned lookup ends by itself
+    at the resolver's own timeout.
+    """
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        return [host]  # a literal address: nothing to look up
+    answer: dict = {}
+
+    def lookup() -> None:
+        try:
+            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=lookup, name="plumb-resolve", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise httpcore.ConnectTimeout(f"resolving {host} took longer than {timeout:.1f} s")
+    if "error" in answer:
+        raise httpcore.ConnectError(f"cannot resolve {host}: {answer['error']}")
+    addresses = [info[4][0] for info in answer["infos"]]
+    if not addresses:
+        raise httpcore.ConnectError(f"cannot resolve {host}: no address")
+    return addresses
+
+
 class GuardedNetworkBackend(httpcore.SyncBackend):
     """Checks the address at connect time, not before: a DNS answer that changes
     between a check and the fetch (rebinding) is still caught, and so is every
-    redirect hop, because each hop connects through here."""
+    redirect hop, because each hop connects through here. The lookup itself is
+    bounded by the connect timeout (`resolve`), private targets allowed or not."""
 
     def __init__(self, allow_private: bool):
         self.allow_private = allow_private
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        if self.allow_private:
-            return super().connect_tcp(host, port, timeout, local_address, socket_options)
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        addresses = [info[4][0] for info in infos]
+        started = time.monotonic()
+        addresses = resolve(host, port, timeout)
+        if not self.allow_private and not all(map(is_public_address, addresses)):
+            raise TargetNotAllowed(host)
+        # Each address in the resolver's order, as socket.create_connection tries them
+        # ("localhost" is ::1 first, and a server may listen on 127.0.0.1 only), within
+        # what is left of the one timeout.
         for address in addresses:
-            if not is_public_address(address):
-                raise TargetNotAllowed(host)
-        return super().connect_tcp(addresses[0], port, timeout, local_address, socket_options)
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                raise httpcore.ConnectTimeout(f"connecting to {host} timed out")
+            try:
+                return super().connect_tcp(address, port, left, local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                last_error = exc
+        raise last_error

@@ -10,16 +10,25 @@ servers that trickle their headers.
                                            `trickle_interval` seconds, for minutes
 
 GET and POST alike. It counts requests and connections in flight (and their peak).
+
+And a resolver that never answers (`SilentResolver`), for lookups that hang.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 import time
 import zlib
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 # The issue's bomb: a GiB of zeros gzipped twice is 1,827 bytes on the wire.
@@ -161,3 +170,63 @@ class HostileServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+class SilentResolver:
+    """A DNS server that takes every query and never answers, and a way to run a process
+    that resolves through it: a mount namespace of its own (`unshare --mount`, root only)
+    with /etc/resolv.conf bound over by one naming this server, so the process's real
+    getaddrinfo waits on it (30 s a try, one try) while everything else on the machine
+    keeps the machine's resolver.
+
+    It listens on port 53 (resolv.conf cannot name a port) of a random 127/8 address, so
+    two test processes do not collide.
+    """
+
+    def __init__(self):
+        self.address = (
+            f"127.{random.randint(64, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+        )
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind((self.address, 53))
+        self.socket.settimeout(0.2)
+        self.queries = 0
+        self._stopping = threading.Event()
+        self._dir = tempfile.TemporaryDirectory(prefix="plumb-resolver-")
+        self.resolv_conf = Path(self._dir.name) / "resolv.conf"
+        self.resolv_conf.write_text(f"nameserver {self.address}\noptions timeout:30 attempts:1\n")
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this machine cannot run it, or None."""
+        if os.geteuid() != 0:
+            return "a mount namespace needs root"
+        if shutil.which("unshare") is None:
+            return "unshare (util-linux) is not installed"
+        return None
+
+    def start(self) -> SilentResolver:
+        self._thread = threading.Thread(target=self._swallow, daemon=True)
+        self._thread.start()
+        return self
+
+    def _swallow(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.socket.recvfrom(4096)
+            except TimeoutError:
+                continue
+            self.queries += 1
+
+    def run(self, argv: list[str], *, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+        return subprocess.run(
+            ["unshare", "--mount", "--", "sh", "-c", script, str(self.resolv_conf), *argv],
+            env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self.socket.close()
+        self._dir.cleanup()

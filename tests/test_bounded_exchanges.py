@@ -3,6 +3,9 @@ by a real HTTP server on 127.0.0.1, against every integration (page, links, GitH
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 import time
 
@@ -13,8 +16,8 @@ from jobs.errors import Permanent, Transient
 from outbound.integrations import links, webhook
 from outbound.integrations.github import GitHubClient, GitHubCredentials
 from outbound.integrations.page import fetch_page
-from tests.hostile import HostileServer, bomb
-from tests.workers import wait_for
+from tests.hostile import HostileServer, SilentResolver, bomb
+from tests.workers import database_url_for_workers, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -165,3 +168,76 @@ def test_a_receiver_trickling_its_headers_is_cut_off_at_the_deadline(
     assert time.monotonic() - started < ENDS_WITHIN
     # The connection is closed, not left trickling: the server sees its client go.
     wait_for(lambda: hostile.in_flight == 0, timeout=5, message="the server to see the client go")
+
+
+# --- A lookup the resolver never answers ---------------------------------------------------
+
+# Run in a process of its own whose resolver is the silent one: each integration, against a
+# name only DNS could answer, one JSON line each.
+_LOOKUP_CALLS = """
+import json, sys, time
+import django
+django.setup()
+from jobs.errors import Transient
+from outbound.integrations import links, webhook
+from outbound.integrations.github import GitHubClient, GitHubCredentials
+from outbound.integrations.page import fetch_page
+
+url, deadline = sys.argv[1], float(sys.argv[2])
+calls = {
+    "page": lambda: fetch_page(url, timeout=deadline, max_bytes=1 << 20, user_agent="PlumbTest/1",
+                               allow_private=False),
+    "link": lambda: links.check_http(url),
+    "github": lambda: GitHubClient(GitHubCredentials(api_url=url, token="t")).repository_via_rest(
+        "octo", "repo"),
+    "webhook": lambda: webhook.post(url, body="{}", headers={}),
+}
+for name, call in calls.items():
+    started = time.monotonic()
+    try:
+        call()
+        outcome = "answered"
+    except Transient:
+        outcome = "transient"
+    except Exception as exc:
+        outcome = repr(exc)
+    print(json.dumps({"call": name, "seconds": time.monotonic() - started, "outcome": outcome}),
+          flush=True)
+"""
+
+
+@pytest.fixture
+def silent_resolver():
+    reason = SilentResolver.unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root with util-linux: {reason}")
+        pytest.skip(f"the silent resolver needs a mount namespace: {reason}")
+    resolver = SilentResolver().start()
+    yield resolver
+    resolver.stop()
+
+
+def test_a_lookup_the_resolver_never_answers_ends_at_the_deadline(silent_resolver):
+    # The resolver waits 30 s a try; getaddrinfo cannot be interrupted, so without a bound
+    # of Plumb's own each call below would hold its worker thread for those 30 s.
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": database_url_for_workers(),
+        "AUDIT_FETCH_TIMEOUT_SECONDS": str(DEADLINE),
+        "WEBHOOK_TIMEOUT_SECONDS": str(DEADLINE),
+        "AUDIT_ALLOW_PRIVATE_TARGETS": "false",
+    }
+    url = "http://unanswered.plumb-test.example/"
+    done = silent_resolver.run(
+        [sys.executable, "-c", _LOOKUP_CALLS, url, str(DEADLINE)], env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["call"] for r in results] == ["page", "link", "github", "webhook"]
+    for result in results:
+        assert result["outcome"] == "transient", result
+        assert result["seconds"] < ENDS_WITHIN, result
+    # The lookups did reach the silent resolver: it, not a fast refusal, was what they met.
+    assert silent_resolver.queries >= len(results)
