@@ -6,6 +6,7 @@ import ipaddress
 import socket
 import threading
 import time
+from concurrent.futures import Future
 
 import httpcore
 
@@ -73,22 +74,27 @@ def resolve(host: str, port: int, timeout: float | None) -> list[str]:
         pass
     else:
         return [host]  # a literal address: nothing to look up
-    answer: dict = {}
+    answer: Future[list] = Future()
 
     def lookup() -> None:
         try:
-            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            answer.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
         except OSError as exc:
-            answer["error"] = exc
+            answer.set_exception(exc)
 
-    thread = threading.Thread(target=lookup, name="plumb-resolve", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise httpcore.ConnectTimeout(f"resolving {host} took longer than {timeout:.1f} s")
-    if "error" in answer:
-        raise httpcore.ConnectError(f"cannot resolve {host}: {answer['error']}")
-    addresses = [info[4][0] for info in answer["infos"]]
+    threading.Thread(target=lookup, name="plumb-resolve", daemon=True).start()
+    try:
+        infos = answer.result(timeout)
+    except TimeoutError:  # the wait's (an OSError too, so first)
+        raise httpcore.ConnectTimeout(
+            f"resolving {host} took longer than {timeout:.1f} s"
+        ) from None
+    except OSError as exc:
+        # Raised here, in an except block, so the gaierror stays the failure's context
+        # even after httpcore's pool re-raises it `from None`: a name that does not
+        # exist (EAI_NONAME) is a broken link, not a retry (integrations.links).
+        raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+    addresses = [info[4][0] for info in infos]
     if not addresses:
         raise httpcore.ConnectError(f"cannot resolve {host}: no address")
     return addresses
