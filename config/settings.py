@@ -268,7 +268,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
     "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_SECONDS,
     "socket_keepalive": True,
-    "retry_on_timeout": True,
+    # No `retry_on_timeout`: it gives every broker connection redis-py's retry, and the
+    # pub/sub read kombu makes in the worker's event loop then reconnects in place when
+    # Redis closes it and blocks on the new subscription with no timeout, the queue
+    # unread for good. Without it the error reaches Celery, which restarts the consumer
+    # (tests/faults/test_broker_outage.py, DECISIONS.md "A worker's event loop never
+    # waits on a fresh subscription").
 }
 CELERY_TASK_DEFAULT_QUEUE = AUDIT_QUEUE
 CELERY_TASK_CREATE_MISSING_QUEUES = True

@@ -187,3 +187,39 @@ def test_a_webhooks_worker_outlives_a_redis_restart(start_worker, private_redis)
         assert worker.process.poll() is None
     finally:
         receiver.stop()
+
+
+@pytest.mark.parametrize("queue", ["audits", "reaudit", "webhooks"])
+def test_a_worker_whose_pubsub_connection_drops_goes_on_consuming(
+    queue, start_worker, private_redis
+):
+    # Redis stays up and closes only the worker's pub/sub connection (its remote-control
+    # channel), as a restart does when the server is back before the worker reads the
+    # close: the worker's event loop must not end up waiting on a fresh subscription
+    # for a message that never comes, with its queue unread.
+    worker = start_worker(
+        queue, pool="threads", concurrency=None if queue == "webhooks" else 2,
+        env={"REDIS_URL": private_redis.url},
+    )  # fmt: skip
+    client = private_redis.client()
+    wait_for(
+        lambda: client.client_list(_type="pubsub"),
+        timeout=20,
+        message="the worker to subscribe",
+    )
+    assert client.client_kill_filter(_type="pubsub") >= 1
+    # A task for a row that does not exist: the worker takes it and finishes it.
+    task_id = str(uuid.uuid4())
+    task, args = {
+        "audits": ("audits.run_audit", [str(uuid.uuid4())]),
+        "reaudit": ("reaudit.place", [0, date.today().isoformat()]),
+        "webhooks": ("webhooks.deliver", [str(uuid.uuid4())]),
+    }[queue]
+    with publishing_to(private_redis.url) as connection:
+        app.send_task(task, args=args, queue=queue, task_id=task_id, connection=connection)
+    wait_for(
+        lambda: f"task.finished task={task} task_id={task_id}" in worker.output(),
+        timeout=60,
+        message="the worker to take a task after its pub/sub connection dropped",
+        show=[worker],
+    )
