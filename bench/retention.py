@@ -279,12 +279,13 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
         """,
         params,
     )
-    # The audit's checks, each pointing at its link and holding the outcome copied in.
+    # The audit's checks, each pointing at its link and holding the outcome copied in
+    # (no task id of its own: the check's task is the shared link's).
     cursor.execute(
         """
         INSERT INTO audits_linkcheck (audit_id, url, link_id, status, task_id, status_code,
                                       final_url, detail, created_at, finished_at)
-        SELECT a.id, link.value ->> 'url', s.id, 'ok', gen_random_uuid()::text, 200, '', '',
+        SELECT a.id, link.value ->> 'url', s.id, 'ok', '', 200, '', '',
                a.started_at + link.n * interval '1 millisecond',
                a.started_at + interval '30 seconds'
         FROM audits_audit a
