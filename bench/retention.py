@@ -2,24 +2,30 @@
 """What an audit costs PostgreSQL on disk, and whether retention stops the growth.
 
     .venv/bin/python bench/retention.py [--pages 10000] [--nights 100] [--horizon 30]
-                                        [--links 20]
+                                        [--links 20] [--shared 0.8]
 
 In a PostgreSQL database of its own (created next to DATABASE_URL's, the local server
 when it is not set, and dropped at the end), it simulates `--nights` nights of
 re-audits of `--pages` pages: each night bulk-inserts, in SQL, with `created_at` set to
 that night, what a night writes (one succeeded audit a page, with a result shaped like
-`audits.analysis.audit_result` plus its `links`; `--links` link-check rows an audit;
-a placement a page, the night's fan-out and slices; an `audit.changed` delivery for one
-page in twenty; rate-limit observations; a few replayed dead letters). Then it runs
-the registered prune (jobs.retention.prune_all, the daily task's loop) as of noon the
-next day, with every horizon at `--horizon` days (placements at their default, a day),
-and a VACUUM ANALYZE of the tables, standing in for autovacuum (off on the development
-machine; without statistics, a batch of audits deletes its link checks by a scan of the
-whole table, DECISIONS.md "Retention"). It records the total relation size (heap, TOAST, indexes) after each night.
+`audits.analysis.audit_result` plus its `links`; `--links` link-check rows an audit,
+each pointing at its link's `SharedLink`; a placement a page, the night's fan-out and
+slices; an `audit.changed` delivery for one page in twenty; rate-limit observations; a
+few replayed dead letters). The links are shared as a site's are: `--shared` of an
+audit's links (4 of 5, 16 of 20) are its domain's, the same on every page of it (a
+footer), the rest the page's own; a page lists the same links every night. Each
+distinct link is one `SharedLink` row, inserted the first night and updated in place
+each night after (the night's one check, since its outcome is fresh for a day), its
+`checked_at` when that check finished, for the first audit of the night to list it.
+Then it runs the registered prune (jobs.retention.prune_all, the daily task's loop) as
+of noon the next day, with every horizon at `--horizon` days (placements at their
+default, a day), and a VACUUM ANALYZE of the tables, standing in for autovacuum (off on
+the development machine; without statistics, a batch of audits deletes its link checks
+by a scan of the whole table, DECISIONS.md "Retention"). It records the total relation
+size (heap, TOAST, indexes) after each night.
 
-Bytes per audit and per link check are the size deltas of the first night, per row:
-`pg_total_relation_size` of the audits and link-check tables, split into heap, TOAST
-and indexes.
+Bytes per audit, per link check and per shared link are the size deltas of the first
+night, per row: `pg_total_relation_size` of the tables, split into heap, TOAST and indexes.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ DEAD_LETTERS_PER_NIGHT = 5
 TABLES = {
     "audits": "audits_audit",
     "link checks": "audits_linkcheck",
+    "shared links": "audits_sharedlink",
     "deliveries": "webhooks_delivery",
     "placements": "reaudit_placement",
     "nights": "reaudit_fanout",
@@ -66,6 +73,12 @@ def main() -> int:
         type=int,
         default=5,
         help="link checks an audit in the nights' simulation (fewer, to keep it to minutes)",
+    )
+    parser.add_argument(
+        "--shared",
+        type=float,
+        default=0.8,
+        help="share of an audit's links that are its domain's, on every page of it (a footer)",
     )
     parser.add_argument(
         "--batch-size", type=int, default=None, help="rows a batch (RETENTION_BATCH_SIZE)"
@@ -129,15 +142,17 @@ def run(args) -> None:
         deleted = sum(r.deleted + sum(r.cascaded.values()) for r in results)
         sizes.append(table_sizes())
         per_night.append((t1 - t0, t2 - t1, t3 - t2, deleted))
+        by_kind = {r.kind: r.deleted + sum(r.cascaded.values()) for r in results}
         if night % 10 == 9 or night == args.nights - 1:
             total = sum(sizes[-1].values())
             print(
                 f"night {night + 1:3d}: {total / 2**20:8.1f} MiB, audits "
-                f"{count('audits_audit'):,}, pruned {deleted:,} rows in {t2 - t1:.1f} s "
+                f"{count('audits_audit'):,}, shared links {count('audits_sharedlink'):,}, "
+                f"pruned {deleted:,} rows in {t2 - t1:.1f} s "
                 f"(vacuum {t3 - t2:.1f} s), {time.monotonic() - started:.0f} s so far",
                 flush=True,
             )
-    report(args, first_night, sizes, per_night)
+    report(args, first_night, sizes, per_night, by_kind)
 
 
 def insert_pages(cursor, pages: int) -> None:
@@ -160,7 +175,8 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     """One night's rows, as the fan-out, the placements, the audits and their link checks,
     the deliveries and the outbound calls write them, during the night from `at`."""
     day = at.date()
-    params = {"at": at, "day": day, "links": links, "night": night}
+    shared = round(links * args.shared)
+    params = {"at": at, "day": day, "links": links, "shared": shared, "night": night}
     cursor.execute(
         """
         INSERT INTO reaudit_fanout (day, window_start, window_seconds, slice_seconds,
@@ -230,21 +246,51 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
             SELECT jsonb_agg(u.url ORDER BY u.url) AS urls,
                    jsonb_agg(jsonb_build_object('url', u.url, 'status', 'ok',
                                                 'status_code', 200) ORDER BY u.url) AS checked
-            FROM (SELECT 'https://www.ref' || ((p.id * 31 + g) %% 2000) || '.example/'
-                         || substr(md5(p.id::text || '-' || g), 1, 10) AS url
+            -- The first `shared` links are the domain's (every page of it lists them),
+            -- the rest the page's own; the same every night.
+            FROM (SELECT CASE WHEN g <= %(shared)s
+                         THEN 'https://www.ref' || ((abs(hashtext(p.domain)) + g) %% 2000)
+                              || '.example/' || substr(md5(p.domain || '-' || g), 1, 10)
+                         ELSE 'https://www.ref' || ((p.id * 31 + g) %% 2000) || '.example/'
+                              || substr(md5(p.id::text || '-' || g), 1, 10) END AS url
                   FROM generate_series(1, %(links)s) g) u
         ) links
         """,
         params,
     )
+    # Each distinct link of the night's audits: its one check of the night (a day's
+    # freshness), recorded on its SharedLink when it finished, for the first audit of
+    # the night to list it (audits.linkcheck.record_shared_outcome). New links are
+    # inserted, the others updated in place, as the check's record updates them.
     cursor.execute(
         """
-        INSERT INTO audits_linkcheck (audit_id, url, status, task_id, status_code, final_url,
-                                      detail, created_at, finished_at)
-        SELECT a.id, link.value ->> 'url', 'ok', gen_random_uuid()::text, 200, '', '',
+        INSERT INTO audits_sharedlink (url, status, status_code, final_url, github, detail,
+                                       checked_at, checking_since, check_task_id, suspect_since)
+        SELECT link.value ->> 'url', 'ok', 200, '', NULL, '',
+               min(a.started_at) + interval '30 seconds', NULL, '', NULL
+        FROM audits_audit a, jsonb_array_elements(a.result -> 'links') link(value)
+        WHERE a.created_at >= %(at)s
+        GROUP BY link.value ->> 'url'
+        ON CONFLICT (url) DO UPDATE SET status = excluded.status,
+            status_code = excluded.status_code, final_url = excluded.final_url,
+            github = excluded.github, detail = excluded.detail,
+            checked_at = excluded.checked_at, checking_since = NULL, check_task_id = '',
+            suspect_since = NULL
+        """,
+        params,
+    )
+    # The audit's checks, each pointing at its link and holding the outcome copied in
+    # (no task id of its own: the check's task is the shared link's).
+    cursor.execute(
+        """
+        INSERT INTO audits_linkcheck (audit_id, url, link_id, status, task_id, status_code,
+                                      final_url, detail, created_at, finished_at)
+        SELECT a.id, link.value ->> 'url', s.id, 'ok', '', 200, '', '',
                a.started_at + link.n * interval '1 millisecond',
                a.started_at + interval '30 seconds'
-        FROM audits_audit a, jsonb_array_elements(a.result -> 'links') WITH ORDINALITY link(value, n)
+        FROM audits_audit a
+        CROSS JOIN LATERAL jsonb_array_elements(a.result -> 'links') WITH ORDINALITY link(value, n)
+        JOIN audits_sharedlink s ON s.url = link.value ->> 'url'
         WHERE a.created_at >= %(at)s
         """,
         params,
@@ -348,9 +394,13 @@ def breakdown(before: dict) -> dict[str, tuple[int, float, float, float]]:
     return result
 
 
-def report(args, first_night, sizes, per_night) -> None:
+def report(args, first_night, sizes, per_night, by_kind) -> None:
     print()
-    print(f"Bytes a row, first night ({args.pages:,} audits, {args.links} link checks each):")
+    shared = round(args.links * args.shared)
+    print(
+        f"Bytes a row, first night ({args.pages:,} audits, {args.links} link checks each, "
+        f"{shared} of them the domain's):"
+    )
     print("| table | rows | heap | TOAST | indexes | total |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for table, (rows, heap, toast, indexes) in first_night.items():
@@ -363,6 +413,12 @@ def report(args, first_night, sizes, per_night) -> None:
     print(
         f"An audit with its {args.links} link checks: {audit + args.links * link:,.0f} bytes "
         f"({audit:,.0f} + {args.links} x {link:,.0f})"
+    )
+    links, *shared_link = first_night["audits_sharedlink"]
+    print(
+        f"Distinct links: {links:,} shared-link rows for {args.pages:,} pages "
+        f"({links / args.pages:.2f} a page), {sum(shared_link):,.0f} bytes each, "
+        f"{links * sum(shared_link) / args.pages:,.0f} bytes a page; updated in place each night"
     )
     totals = [sum(s.values()) for s in sizes]
     print()
@@ -388,6 +444,10 @@ def report(args, first_night, sizes, per_night) -> None:
             f"After the horizon, a night's prune deleted {deleted:,.0f} rows in {seconds:.1f} s "
             f"({deleted / seconds:,.0f} rows/s, batches of the default size), "
             f"then VACUUM took {vacuum:.1f} s"
+        )
+        print(
+            "The last night's prune by kind (rows, with what cascaded): "
+            + ", ".join(f"{kind} {rows:,}" for kind, rows in by_kind.items())
         )
         print(
             f"Largest size after the horizon / size at night {args.horizon + 1}: "
