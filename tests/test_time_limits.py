@@ -18,9 +18,12 @@ TASKS = sorted(
 
 
 def test_every_plumb_task_is_checked():
-    assert {"audits.run_audit", "audits.check_shared_link", "webhooks.deliver", "reaudit.place"} <= set(
-        TASKS
-    )
+    assert {
+        "audits.run_audit",
+        "audits.check_shared_link",
+        "webhooks.deliver",
+        "reaudit.place",
+    } <= set(TASKS)
 
 
 @pytest.mark.parametrize("name", TASKS)
