@@ -10,7 +10,8 @@ LOGIN_LOCKOUT_MINUTES). /healthcheck stays open: docker-compose polls it.
 
 The throttle wraps `BaseHandler.get_current_user` (the one place Flower decides who
 is logged in) and calls the original; tests/test_flower.py pins both behaviours
-against the installed Flower.
+against the installed Flower. `BaseHandler.get_broker` is replaced too, so the Broker
+page reads Plumb's queues through its transport.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import defaultdict, deque
 import tornado.web
 from django.conf import settings
 from flower import urls
+from flower.utils.broker import Broker
 from flower.views import BaseHandler
 from flower.views.monitor import Metrics
 
@@ -74,7 +76,21 @@ class LoginRequiredMetrics(Metrics):
         await super().get()
 
 
+def _broker_of_plumbs_url(self):
+    # Flower picks its broker client (queue lengths for the Broker page and the queues
+    # API) by the scheme of kombu's URI, which for a transport given by path is
+    # `jobs.transport:Transport://`: "'redis' broker is not supported". The URL Plumb was
+    # configured with has the scheme Flower knows (redis://, or sentinel:// for the first
+    # of the sentinels, which finds the master), and the same transport options.
+    return Broker(
+        settings.CELERY_BROKER_URL.split(";")[0],
+        broker_options=self.capp.conf.broker_transport_options,
+        broker_use_ssl=self.capp.conf.broker_use_ssl,
+    )
+
+
 BaseHandler.get_current_user = _throttled_get_current_user
+BaseHandler.get_broker = _broker_of_plumbs_url
 # Flower builds its application from this list when it starts (flower.app.Flower).
 urls.handlers[:] = [
     (spec[0], LoginRequiredMetrics, *spec[2:])

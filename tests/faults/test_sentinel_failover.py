@@ -156,6 +156,10 @@ def test_flower_reaches_the_workers_through_the_sentinels_across_a_failover(
         wait_for(lists_the_worker, timeout=60, interval=0.5, message="Flower to list the worker")
         sentinel_group.failover()
         wait_for(lists_the_worker, timeout=30, interval=0.5, message="Flower, after the failover")
+        # Its queue lengths come from the master the first sentinel names.
+        lengths = httpx.get(f"http://127.0.0.1:{port}/api/queues/length",
+                            auth=("ops", "pw"), timeout=10)  # fmt: skip
+        assert lengths.status_code == 200, lengths.text
     finally:
         flower.terminate()
         flower.wait(timeout=15)
