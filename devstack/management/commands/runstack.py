@@ -13,12 +13,14 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError, call_command
 
 from config import devservices
-from devstack.supervisor import Supervisor
+from config.redis import dedicated_client
+from devstack.supervisor import AlreadyRunning, Supervisor
 
 
 def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
@@ -133,19 +135,27 @@ class Command(BaseCommand):
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
             self._ensure_admin()
-            supervisor = Supervisor(sys.stdout)
+            # The pid file names this run's processes: the next start stops any a lost
+            # run left behind, and refuses to start beside a live one.
+            supervisor = Supervisor(sys.stdout, pid_file=Path(settings.VAR_DIR) / "stack.pids")
             for name, command in stack_commands(demo).items():
                 supervisor.add(name, command, env=env)
             self._print_urls(demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated else None)
             if demo:
                 threading.Thread(target=self._submit_demo_pages, daemon=True).start()
-            supervisor.run()
+            try:
+                supervisor.run()
+            except AlreadyRunning as exc:
+                raise CommandError(str(exc)) from exc
         finally:
             if redis_process is not None:
                 redis_process.terminate()
                 redis_process.wait(timeout=10)
 
     def _ensure_redis(self):
+        if settings.REDIS_SENTINEL_ADDRESSES:
+            self._find_sentinel_master()
+            return None
         url = settings.REDIS_URL
         if devservices.redis_answers(url):
             return None
@@ -158,6 +168,28 @@ class Command(BaseCommand):
             f"No Redis answers at {url}: starting one on 127.0.0.1:{port} for this run."
         )
         return devservices.start_redis(port, Path(settings.VAR_DIR) / "redis")
+
+    def _find_sentinel_master(self) -> None:
+        """Under Sentinel, REDIS_URL's host is the master's name, not an address: ask the
+        sentinels, as every process of the stack will, and never start a Redis outside
+        the group (a stack on it would split from the rest of the deployment)."""
+        sentinels = ", ".join(settings.REDIS_SENTINELS)
+        name = settings.REDIS_SENTINEL_MASTER
+        client = dedicated_client()
+        try:
+            host, port = client.connection_pool.get_master_address()
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            raise CommandError(
+                f"The sentinels {sentinels} name no master {name!r} that answers ({exc})."
+                " make run starts no Redis of its own under Sentinel: start the group,"
+                " or unset REDIS_SENTINELS."
+            ) from exc
+        finally:
+            client.close()
+        self.stdout.write(
+            f"Redis: master {name!r} at {host}:{port}, from the sentinels {sentinels}."
+        )
 
     def _ensure_admin(self):
         User = get_user_model()
