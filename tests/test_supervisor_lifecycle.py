@@ -39,6 +39,19 @@ sys.exit(supervisor.run())
 PROGRAMS = 3
 
 
+# Every process a test's supervisors started: whatever a failing test leaves is killed.
+_seen: list[psutil.Process] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftovers():
+    yield
+    for process in _seen:
+        if running(process):
+            process.kill()
+    _seen.clear()
+
+
 def start_supervisor(pid_file: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", SUPERVISE, str(pid_file)], cwd=ROOT,
@@ -57,7 +70,9 @@ def started_family(supervisor: subprocess.Popen, pid_file: Path) -> list[psutil.
         family = psutil.Process(supervisor.pid).children(recursive=True)
         return family if len(family) >= PROGRAMS + 1 else None
 
-    return wait_for(all_started, timeout=20, interval=0.02, message="the programs to start")
+    family = wait_for(all_started, timeout=20, interval=0.02, message="the programs to start")
+    _seen.extend(family)
+    return family
 
 
 def running(process: psutil.Process) -> bool:
