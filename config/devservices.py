@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -74,11 +75,15 @@ def redis_command(port: int, data_dir: Path) -> list[str]:
     ]
 
 
-def start_redis(port: int, data_dir: Path, *, wait: float = 10.0) -> subprocess.Popen:
-    """Start a throwaway Redis on 127.0.0.1:`port` and wait until it answers."""
+def start_redis(
+    port: int, data_dir: Path, *, wait: float = 10.0, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.Popen:
+    """Start a throwaway Redis on 127.0.0.1:`port` and wait until it answers
+    (`preexec_fn`: run in the child before exec, as subprocess.Popen's)."""
     process = subprocess.Popen(
-        redis_command(port, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-    )
+        redis_command(port, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
+    )  # fmt: skip
     deadline = time.monotonic() + wait
     url = f"redis://127.0.0.1:{port}/0"
     while time.monotonic() < deadline:

@@ -12,12 +12,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.stack import left_running, running
 from tests.workers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,6 @@ STOPS_PER_SIGNAL = 20
 
 SUPERVISE = """
 import sys
-import time
 from pathlib import Path
 from devstack.supervisor import Supervisor
 
@@ -73,22 +72,6 @@ def started_family(supervisor: subprocess.Popen, pid_file: Path) -> list[psutil.
     family = wait_for(all_started, timeout=20, interval=0.02, message="the programs to start")
     _seen.extend(family)
     return family
-
-
-def running(process: psutil.Process) -> bool:
-    # A zombie has exited: its new parent (init, for an orphan) has yet to reap it.
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def left_running(processes: list[psutil.Process], within: float) -> list[psutil.Process]:
-    """The processes still running after up to `within` s."""
-    deadline = time.monotonic() + within
-    while (alive := [p for p in processes if running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

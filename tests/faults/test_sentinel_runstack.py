@@ -7,41 +7,16 @@ sentinels on free ports); the stack's database is a SQLite file of the test's ow
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from config.devservices import SentinelGroup, free_port, redis_answers
+from tests.stack import healthy, runstack, stack_env
 from tests.workers import wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def stack_env(tmp_path: Path, redis_env: dict[str, str]) -> dict[str, str]:
-    return {
-        **os.environ,
-        **redis_env,
-        "DEBUG": "true",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'stack.sqlite3'}",
-        "PLUMB_VAR_DIR": str(tmp_path / "var"),
-        "WEB_PORT": str(free_port()),
-        "FLOWER_PORT": str(free_port()),
-        "AUDITS_WORKER_PROCESSES": "1",
-    }
-
-
-def runstack(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "runstack"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
 
 
 @pytest.fixture
@@ -54,17 +29,8 @@ def group():
 def test_make_run_serves_on_the_master_the_sentinels_name(tmp_path, group):
     env = stack_env(tmp_path, group.env(db=0))
     stack = runstack(env)
-    healthz = f"http://127.0.0.1:{env['WEB_PORT']}/healthz"
-
-    def healthy():
-        assert stack.poll() is None, stack.stdout.read()
-        try:
-            return httpx.get(healthz, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(healthy, timeout=180, interval=0.5, message="the stack's /healthz")
+        wait_for(lambda: healthy(stack, env), timeout=180, interval=0.5, message="/healthz")
         family = psutil.Process(stack.pid).children(recursive=True)
         assert not [p for p in family if "redis-server" in p.name()]
         # The stack's broker is the master too: the workers' queues are there.

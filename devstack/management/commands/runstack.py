@@ -20,7 +20,7 @@ from django.core.management import BaseCommand, CommandError, call_command
 
 from config import devservices
 from config.redis import dedicated_client
-from devstack.supervisor import AlreadyRunning, Supervisor
+from devstack.supervisor import AlreadyRunning, Supervisor, die_with_parent
 
 
 def flower_basic_auth(var_dir: Path, configured: str) -> tuple[str, bool]:
@@ -167,7 +167,10 @@ class Command(BaseCommand):
         self.stdout.write(
             f"No Redis answers at {url}: starting one on 127.0.0.1:{port} for this run."
         )
-        return devservices.start_redis(port, Path(settings.VAR_DIR) / "redis")
+        # Like the supervisor's programs, it dies with this process, however it ends.
+        return devservices.start_redis(
+            port, Path(settings.VAR_DIR) / "redis", preexec_fn=die_with_parent(os.getpid())
+        )
 
     def _find_sentinel_master(self) -> None:
         """Under Sentinel, REDIS_URL's host is the master's name, not an address: ask the
