@@ -127,13 +127,15 @@ class Supervisor:
         previous = self._catch_signals() if handle_signals else None
         try:
             self._stop_leftovers()
-            for program in self.programs.values():
-                self._start(program)
-            while not (woken := self._wait_for_wake(0.1)):
+            try:
                 for program in self.programs.values():
-                    self._look_after(program)
-            self.say("supervisor", f"{woken}: stopping every process")
-            self._stop_all()
+                    self._start(program)
+                while not (woken := self._wait_for_wake(0.1)):
+                    for program in self.programs.values():
+                        self._look_after(program)
+                self.say("supervisor", f"{woken}: stopping every process")
+            finally:  # an error of the supervisor's own stops the programs too
+                self._stop_all()
             if self.pid_file is not None:
                 self.pid_file.unlink(missing_ok=True)
         finally:
