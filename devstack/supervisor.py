@@ -44,7 +44,6 @@ RESTART_BACKOFF_MAX_SECONDS = 30.0
 # Up this long, a process is healthy again: its next exit restarts after the first backoff.
 STABLE_SECONDS = 60.0
 
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # prctl(2): the signal the kernel sends a process when the thread that forked it exits.
 PR_SET_PDEATHSIG = 1
