@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 
+from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -216,10 +217,13 @@ class AuditSerializer(BuiltOnceModelSerializer):
 
 
 def links_to(context: dict, view_name: str, **kwargs) -> dict:
-    """{"self": the resource's absolute URL (its path without a request)}."""
+    """{"self": the resource's absolute URL: the request's, or PUBLIC_BASE_URL's without
+    one (a webhook payload)}."""
     path = reverse(view_name, kwargs=kwargs)
     request = context.get("request")
-    return {"self": request.build_absolute_uri(path) if request else path}
+    return {
+        "self": request.build_absolute_uri(path) if request else settings.PUBLIC_BASE_URL + path
+    }
 
 
 class AuditListQuerySerializer(StrictSerializer):
