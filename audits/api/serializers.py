@@ -155,7 +155,18 @@ class ChangeSerializer(serializers.Serializer):
 
 
 @extend_schema_field(
-    {"type": ["object", "null"], "description": "What the audit found; null until it succeeds."}
+    {
+        "type": ["object", "null"],
+        "description": "What the audit found; null until it succeeds. Bounded whatever the "
+        "page: `external_links` and `links` (one entry per external link, its outcome) list "
+        "at most AUDIT_MAX_LINKS distinct links, the first in the page; `link_counts` "
+        "counts every link (internal, external; past the cap each time it appears), "
+        "`links_over_cap` the external ones not listed, `links_too_long` those longer than "
+        "2048 characters, and `links_truncated` is true when any link went unlisted. "
+        "`link_check.outcomes` counts the listed links per outcome. A webhook payload "
+        "lists at most WEBHOOK_MAX_LINKS of them (broken first), with `links_truncated` "
+        "true; `links.self` is the full audit.",
+    }
 )
 class ResultField(serializers.JSONField):
     pass
