@@ -3,26 +3,29 @@
 Bytes become text by the WHATWG encoding sniffing order (a BOM, the HTTP charset, a
 `<meta>` charset in the first 1024 bytes), and a page that declares nothing is detected
 as browsers detect it (valid UTF-8 is UTF-8, else chardet's guess), decoded with
-replacement characters for bad bytes. The text is parsed by lxml (libxml2), the title
-read as `document.title` and links resolved as WHATWG URLs (ada): tests/test_page_parsing.py
-compares the fields with html5lib's WHATWG parse of 30 real pages (DECISIONS.md, "Pages
-read as a browser reads them").
+replacement characters for bad bytes. The text is parsed by lxml (libxml2) with a
+parser target, the title read as `document.title` and links resolved as WHATWG URLs
+(ada): tests/test_page_parsing.py compares the fields with html5lib's WHATWG parse of 30
+real pages (DECISIONS.md, "Pages read as a browser reads them").
 
-Whatever a page holds, what the audit stores is bounded: at most AUDIT_MAX_LINKS external
-links (the rest counted in `links_over_cap`), no URL longer than MAX_URL_LENGTH (counted
+Whatever a page holds, what an audit holds and stores is bounded (DECISIONS.md, "An
+audit bounded by construction"): the page is decoded and parsed a chunk at a time and no
+tree is built; at most AUDIT_MAX_LINKS distinct links of each kind are kept (the rest
+counted: `links_over_cap`, `links_truncated`), no URL longer than MAX_URL_LENGTH (counted
 in `links_too_long`), titles and descriptions clipped at MAX_TEXT_LENGTH.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import ada_url
 import chardet
 import lxml.etree
-import lxml.html
 import webencodings
 from django.conf import settings
 from html5lib._inputstream import EncodingParser
@@ -36,6 +39,8 @@ SKIPPED_LINK_PREFIXES = ("javascript:", "mailto:", "tel:", "data:", "#")
 META_PRESCAN_BYTES = 1024
 # An undeclared page is detected on its head: enough for chardet, cheap on a 5 MB page.
 DETECTION_BYTES = 64 * 1024
+# The body is decoded and parsed this many bytes at a time.
+DECODE_CHUNK_BYTES = 64 * 1024
 # Titles and descriptions longer than this are clipped (search engines show ~60 and
 # ~160 characters): a page cannot make its audit carry megabytes of text.
 MAX_TEXT_LENGTH = 1024
@@ -48,20 +53,28 @@ ASCII_WHITESPACE = "\t\n\x0c\r "
 
 
 @dataclass(frozen=True)
-class DecodedPage:
-    text: str
+class SniffedEncoding:
+    codec: str  # the Python codec decoding the body
     encoding: str  # the WHATWG name: "utf-8", "windows-1252", "shift_jis", ...
     source: str  # what chose it: "bom", "http", "meta" or "detected"
+    skip: int = 0  # bytes of the BOM that starts the body
 
 
-def decode_page(body: bytes, http_charset: str | None = None) -> DecodedPage:
-    """The page's text, by the WHATWG sniffing order, bad bytes replaced (U+FFFD)."""
+@dataclass(frozen=True)
+class DecodedPage:
+    text: str
+    encoding: str
+    source: str
+
+
+def sniff_encoding(body: bytes, http_charset: str | None = None) -> SniffedEncoding:
+    """The page's encoding, by the WHATWG sniffing order."""
     for bom, name in BOMS:
         if body.startswith(bom):
-            return _decoded(body[len(bom) :], webencodings.lookup(name), "bom")
+            return _sniffed(webencodings.lookup(name), "bom", skip=len(bom))
     declared = _lookup(http_charset)
     if declared is not None:
-        return _decoded(body, declared, "http")
+        return _sniffed(declared, "http")
     # html5lib's prescan is the spec's algorithm; its quick "<meta" check is case-sensitive,
     # and ASCII case does not matter to a charset label, hence lower().
     meta = EncodingParser(body[:META_PRESCAN_BYTES].lower()).getEncoding()
@@ -71,8 +84,28 @@ def decode_page(body: bytes, http_charset: str | None = None) -> DecodedPage:
             meta = webencodings.lookup("utf-8")
         elif meta.name == "x-user-defined":
             meta = webencodings.lookup("windows-1252")
-        return _decoded(body, meta, "meta")
-    return _decoded(body, _detect(body[:DETECTION_BYTES]), "detected")
+        return _sniffed(meta, "meta")
+    return _sniffed(_detect(body[:DETECTION_BYTES]), "detected")
+
+
+def decode_page(body: bytes, http_charset: str | None = None) -> DecodedPage:
+    """The page's text, by the WHATWG sniffing order, bad bytes replaced (U+FFFD)."""
+    sniffed = sniff_encoding(body, http_charset)
+    return DecodedPage("".join(decoded_chunks(body, sniffed)), sniffed.encoding, sniffed.source)
+
+
+def decoded_chunks(body: bytes, sniffed: SniffedEncoding) -> Iterator[str]:
+    """The body's text a chunk at a time (bad bytes replaced): the analysis never holds
+    a second copy of a page."""
+    decoder = codecs.getincrementaldecoder(sniffed.codec)(errors="replace")
+    view = memoryview(body)
+    for offset in range(sniffed.skip, len(body), DECODE_CHUNK_BYTES):
+        text = decoder.decode(view[offset : offset + DECODE_CHUNK_BYTES])
+        if text:
+            yield text
+    text = decoder.decode(b"", final=True)
+    if text:
+        yield text
 
 
 def _lookup(label: str | None) -> webencodings.Encoding | None:
@@ -96,11 +129,11 @@ def _detect(sample: bytes) -> webencodings.Encoding | codecs.CodecInfo:
     return _lookup(guess) or webencodings.lookup("windows-1252")
 
 
-def _decoded(
-    body: bytes, encoding: webencodings.Encoding | codecs.CodecInfo, source: str
-) -> DecodedPage:
+def _sniffed(
+    encoding: webencodings.Encoding | codecs.CodecInfo, source: str, *, skip: int = 0
+) -> SniffedEncoding:
     codec = encoding.codec_info if isinstance(encoding, webencodings.Encoding) else encoding
-    return DecodedPage(body.decode(codec.name, "replace"), encoding.name, source)
+    return SniffedEncoding(codec.name, encoding.name, source, skip)
 
 
 def collapse_whitespace(text: str) -> str:
@@ -136,111 +169,231 @@ def missing_security_headers(page: FetchedPage) -> list[str]:
 
 
 def analyze_html(body: bytes, *, base_url: str, charset: str | None = None) -> dict:
-    decoded = decode_page(body, charset)
-    # WHATWG's tokenizer turns NUL into U+FFFD (or drops it); libxml2 would end text there.
-    text = decoded.text.replace("\x00", "\ufffd")
-    root, parse_stopped = _parse(text)
-    title = description = canonical_href = base_href = None
-    robots: list[str] = []
-    hrefs: list[str] = []
-    h1_count = 0
-    elements = root.iter("title", "meta", "link", "base", "a", "h1") if root is not None else ()
-    for element in elements:
-        tag = element.tag
-        if tag == "a":
-            href = element.get("href")
-            if href is not None:
-                hrefs.append(href)
-        elif tag == "h1":
-            h1_count += 1
-        elif tag == "meta":
-            name = (element.get("name") or "").lower()
-            if name == "description" and description is None:
-                description = (element.get("content") or "").strip()
-            elif name in {"robots", "googlebot"}:
-                robots.append((element.get("content") or "").lower())
-        elif tag == "link":
-            rel = (element.get("rel") or "").lower().split()
-            if "canonical" in rel and canonical_href is None:
-                canonical_href = element.get("href") or ""
-        elif tag == "title" and title is None and not _in_svg(element):
-            title = collapse_whitespace("".join(element.itertext()))
-        elif tag == "base" and base_href is None and element.get("href") is not None:
-            base_href = element.get("href")
-    base = (resolve_link(base_url, base_href) or base_url) if base_href is not None else base_url
-    canonical = resolve_link(base, canonical_href, keep_fragment=True) if canonical_href else None
-    return {
-        "title": _clipped(title),
-        "meta_description": _clipped(description),
-        "canonical": canonical if canonical and len(canonical) <= MAX_URL_LENGTH else None,
-        "noindex": any("noindex" in content for content in robots),
-        "h1_count": h1_count,
-        **_links(hrefs, base=base, page_url=base_url),
-        "encoding": decoded.encoding,
-        "parse_stopped": parse_stopped,
-    }
+    """What the audit reads from an HTML page, in one streaming pass over its bytes.
 
-
-def _parse(text: str) -> tuple[lxml.html.HtmlElement | None, bool]:
-    """The tree, and whether libxml2 stopped early (nesting deeper than its limit).
-
-    Encoded back to UTF-8 bytes, with the parser told so: lxml refuses a str that
-    starts with an XML declaration naming an encoding, and a `<meta charset>` must not
-    re-decode text that is already decoded. huge_tree lifts libxml2's nesting limit
-    from 256 to 2048 (its other limits guard sizes the fetch's byte cap already bounds).
+    The bytes are decoded a chunk at a time and fed to libxml2's HTML parser with a
+    target (`PageReader`), so no tree is built: the parse holds the body, one chunk
+    and what the reader keeps, all bounded (AUDIT_MAX_LINKS, MAX_TEXT_LENGTH,
+    MAX_URL_LENGTH), whatever the page holds.
     """
-    if not text.strip():
-        return None, False
-    parser = lxml.html.HTMLParser(encoding="utf-8", huge_tree=True)
-    root = lxml.html.document_fromstring(text.encode("utf-8", "surrogatepass"), parser=parser)
-    stopped = any(
-        error.type == lxml.etree.ErrorTypes.ERR_RESOURCE_LIMIT for error in parser.error_log
-    )
-    return root, stopped
+    sniffed = sniff_encoding(body, charset)
+    reader = PageReader(page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
+    parser = lxml.etree.HTMLParser(target=reader, encoding="utf-8")
+    fed = False
+    for text in decoded_chunks(body, sniffed):
+        # WHATWG's tokenizer turns NUL into U+FFFD (or drops it); libxml2 would end text there.
+        # Encoded back to UTF-8, with the parser told so: a `<meta charset>` must not
+        # re-decode text that is already decoded.
+        parser.feed(text.replace("\x00", "\ufffd").encode("utf-8", "surrogatepass"))
+        fed = True
+    if fed:
+        # No element at all (a blank page) raises: there is nothing to read.
+        with contextlib.suppress(lxml.etree.XMLSyntaxError):
+            parser.close()
+    return {**reader.fields(), "encoding": sniffed.encoding}
 
 
-def _in_svg(element) -> bool:
-    return any(ancestor.tag in ("svg", "math") for ancestor in element.iterancestors())
+class PageReader:
+    """An lxml parser target: what the audit reads, kept as the parser's events stream.
+
+    Reads as `document.title` and the DOM do: the first `title` not inside `svg`/`math`,
+    the first `<base href>` as the document's base URL, the first description and
+    canonical, every robots meta, every `h1`, every `<a href>` (`LinkTally`).
+    """
+
+    def __init__(self, *, page_url: str, max_links: int):
+        self.page_url = page_url
+        self.links = LinkTally(page_url=page_url, max_links=max_links)
+        self.title: TextCollector | None = None
+        self.title_depth = 0  # elements open inside the title being read
+        self.foreign_depth = 0  # svg/math elements open
+        self.description: str | None = None
+        self.canonical_href: str | None = None
+        self.base_href: str | None = None
+        self.noindex = False
+        self.h1_count = 0
+
+    def start(self, tag: str, attrib) -> None:
+        if self.title is not None and not self.title.finished:
+            self.title_depth += 1
+        if tag == "a":
+            href = attrib.get("href")
+            if href is not None:
+                self.links.add(href)
+        elif tag == "h1":
+            self.h1_count += 1
+        elif tag == "meta":
+            name = (attrib.get("name") or "").lower()
+            if name == "description" and self.description is None:
+                self.description = _clipped((attrib.get("content") or "").strip())
+            elif name in {"robots", "googlebot"}:
+                self.noindex = self.noindex or "noindex" in (attrib.get("content") or "").lower()
+        elif tag == "link":
+            rel = (attrib.get("rel") or "").lower().split()
+            if "canonical" in rel and self.canonical_href is None:
+                self.canonical_href = attrib.get("href") or ""
+        elif tag == "title" and self.title is None and not self.foreign_depth:
+            self.title = TextCollector()
+        elif tag == "base" and self.base_href is None and attrib.get("href") is not None:
+            self.base_href = attrib.get("href")
+            self.links.set_base(self._base())
+        elif tag in ("svg", "math"):
+            self.foreign_depth += 1
+
+    def end(self, tag: str) -> None:
+        if self.title is not None and not self.title.finished:
+            if self.title_depth:
+                self.title_depth -= 1
+            else:
+                self.title.finished = True
+        if tag in ("svg", "math") and self.foreign_depth:
+            self.foreign_depth -= 1
+
+    def data(self, text: str) -> None:
+        if self.title is not None and not self.title.finished:
+            self.title.add(text)
+
+    def close(self) -> None:
+        if self.title is not None:
+            self.title.finished = True
+
+    def _base(self) -> str:
+        if self.base_href is None:
+            return self.page_url
+        return resolve_link(self.page_url, self.base_href) or self.page_url
+
+    def fields(self) -> dict:
+        base = self._base()
+        href = self.canonical_href
+        canonical = resolve_link(base, href, keep_fragment=True) if href else None
+        return {
+            "title": self.title.text() if self.title is not None else None,
+            "meta_description": self.description,
+            "canonical": canonical if canonical and len(canonical) <= MAX_URL_LENGTH else None,
+            "noindex": self.noindex,
+            "h1_count": self.h1_count,
+            **self.links.fields(base),
+        }
+
+
+class TextCollector:
+    """A title's text as `document.title` gives it (whitespace collapsed) and clipped at
+    MAX_TEXT_LENGTH, collected without holding more than a few times that: once the
+    collapsed text is past the clip, the rest cannot change the result."""
+
+    def __init__(self):
+        self.pieces: list[str] = []
+        self.size = 0
+        self.finished = False
+        self.full = False
+
+    def add(self, text: str) -> None:
+        if self.full:
+            return
+        self.pieces.append(text)
+        self.size += len(text)
+        if self.size > 4 * MAX_TEXT_LENGTH:
+            raw = "".join(self.pieces)
+            collapsed = collapse_whitespace(raw)
+            self.full = len(collapsed) > MAX_TEXT_LENGTH
+            # A trailing space keeps the boundary with what comes next.
+            collapsed += " " if raw[-1:] in ASCII_WHITESPACE and collapsed else ""
+            self.pieces, self.size = [collapsed], len(collapsed)
+
+    def text(self) -> str:
+        return _clipped(collapse_whitespace("".join(self.pieces)))
+
+
+# Hrefs read before the document's base URL is known are held up to this many
+# characters, then resolved against the page's URL (a `<base>` after that much of a
+# page is rare, and only the links before it would resolve differently).
+PENDING_HREF_CHARACTERS = 256 * 1024
+# An href longer than this resolves to no URL of MAX_URL_LENGTH (resolving only removes
+# tabs, newlines and dot segments): counted too long without resolving it.
+MAX_HREF_LENGTH = 4 * MAX_URL_LENGTH
+
+
+class LinkTally:
+    """Links counted as they stream, keeping the first `max_links` distinct http(s)
+    links of each kind (internal: the page's host; external: any other).
+
+    A link past the cap is counted, not kept: it cannot be told from the links counted
+    before it, so a link repeated past the cap counts each time it appears. A link
+    longer than MAX_URL_LENGTH is counted apart (`links_too_long`), never kept.
+    """
+
+    def __init__(self, *, page_url: str, max_links: int):
+        self.own_host = _host(resolve_link(page_url, page_url) or page_url)
+        self.max_links = max_links
+        self.base: str | None = None  # unknown until a `<base href>`, or until too late
+        self.page_url = page_url
+        self.pending: list[str] = []
+        self.pending_size = 0
+        self.kept = {"internal": set(), "external": set()}
+        self.over_cap = {"internal": 0, "external": 0}
+        self.too_long = 0
+
+    def set_base(self, base: str) -> None:
+        """The document's base URL (its first `<base href>`): the held links resolve on it."""
+        self.base = base
+        self._flush()
+
+    def add(self, raw_href: str) -> None:
+        href = raw_href.strip()
+        if not href or href.lower().startswith(SKIPPED_LINK_PREFIXES):
+            return
+        if len(href) > MAX_HREF_LENGTH:
+            self.too_long += 1
+        elif self.base is not None:
+            self._count(href)
+        else:
+            self.pending.append(href)
+            self.pending_size += len(href)
+            if self.pending_size > PENDING_HREF_CHARACTERS:
+                self.set_base(self.page_url)
+
+    def _flush(self) -> None:
+        for href in self.pending:
+            self._count(href)
+        self.pending, self.pending_size = [], 0
+
+    def _count(self, href: str) -> None:
+        target = resolve_link(self.base, href)
+        if target is None:
+            return
+        if len(target) > MAX_URL_LENGTH:
+            self.too_long += 1
+            return
+        kind = "internal" if _host(target) == self.own_host else "external"
+        kept = self.kept[kind]
+        if target in kept:
+            return
+        if len(kept) < self.max_links:
+            kept.add(target)
+        else:
+            self.over_cap[kind] += 1
+
+    def fields(self, base: str) -> dict:
+        if self.base is None:
+            self.set_base(base)  # the page ended: no `<base>`, or none that resolved
+        return {
+            "link_counts": {
+                kind: len(self.kept[kind]) + self.over_cap[kind]
+                for kind in ("internal", "external")
+            },
+            "external_links": sorted(self.kept["external"]),
+            "links_over_cap": self.over_cap["external"],
+            "links_too_long": self.too_long,
+            "links_truncated": bool(
+                self.too_long or self.over_cap["internal"] or self.over_cap["external"]
+            ),
+        }
 
 
 def _clipped(text: str | None) -> str | None:
     if text is None or len(text) <= MAX_TEXT_LENGTH:
         return text
     return text[: MAX_TEXT_LENGTH - 1] + "\u2026"
-
-
-def _links(hrefs: list[str], *, base: str, page_url: str) -> dict:
-    """Distinct http(s) links counted internal and external; the first AUDIT_MAX_LINKS
-    external ones in document order are kept (sorted), the rest only counted."""
-    own_host = _host(resolve_link(page_url, page_url) or page_url)
-    cap = settings.AUDIT_MAX_LINKS
-    internal: set[str] = set()
-    external: set[str] = set()
-    kept: list[str] = []
-    too_long: set[str] = set()
-    for raw in hrefs:
-        href = raw.strip()
-        if not href or href.lower().startswith(SKIPPED_LINK_PREFIXES):
-            continue
-        target = resolve_link(base, href)
-        if target is None:
-            continue
-        if _host(target) == own_host:
-            internal.add(target)
-            continue
-        if target in external:
-            continue
-        external.add(target)
-        if len(target) > MAX_URL_LENGTH:
-            too_long.add(target)
-        elif len(kept) < cap:
-            kept.append(target)
-    return {
-        "link_counts": {"internal": len(internal), "external": len(external)},
-        "external_links": sorted(kept),
-        "links_over_cap": len(external) - len(too_long) - len(kept),
-        "links_too_long": len(too_long),
-    }
 
 
 def audit_result(page: FetchedPage) -> dict:
@@ -260,10 +413,7 @@ def audit_result(page: FetchedPage) -> dict:
     }
     header_noindex = "noindex" in page.headers.get("x-robots-tag", "").lower()
     if result["is_html"]:
-        analysis = analyze_html(page.body, base_url=page.final_url, charset=page.charset)
-        # The audit read part of the page: the byte cap, or a tree nested past the parser's limit.
-        result["truncated"] = page.truncated or analysis.pop("parse_stopped")
-        result.update(analysis)
+        result.update(analyze_html(page.body, base_url=page.final_url, charset=page.charset))
         result["noindex"] = result["noindex"] or header_noindex
     else:
         result.update(
@@ -277,6 +427,7 @@ def audit_result(page: FetchedPage) -> dict:
                 "external_links": [],
                 "links_over_cap": 0,
                 "links_too_long": 0,
+                "links_truncated": False,
                 "encoding": None,
             }
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -289,9 +290,11 @@ def finish_link_checks(audit_id: str, *, deadline_passed: bool = False) -> bool:
     unfinished = [check for check in checks if not check.is_finished]
     result = {
         **(audit.result or {}),
+        # One entry per kept link (AUDIT_MAX_LINKS at most: the rows are the kept links).
         "links": [check.as_result() for check in checks],
         "link_check": {
             "total": len(checks),
+            "outcomes": dict(Counter(check.status for check in checks)),
             "unfinished": len(unfinished),
             "rate_limited_pending": sum(
                 check.status == LinkCheck.Status.RATE_LIMITED_PENDING for check in unfinished

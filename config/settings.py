@@ -355,10 +355,11 @@ LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, mi
 LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
 AUDIT_LINKCHECK_DEADLINE_SECONDS = env_float("AUDIT_LINKCHECK_DEADLINE_SECONDS", 120.0, minimum=1)
 AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
-# External links an audit keeps (the first in the page, as a crawler caps a page's
-# outlinks); the rest are only counted (result.links_over_cap): what one page can make
-# an audit store, check and serve is bounded (DECISIONS.md, "Bounded audits").
-AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 300, minimum=0)
+# Distinct links of each kind (internal, external) an audit keeps, the first in the
+# page, as a crawler caps a page's outlinks; the rest are only counted
+# (result.links_over_cap, links_truncated): what one page can make an audit hold, store,
+# check and serve is bounded (DECISIONS.md, "An audit bounded by construction").
+AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 100, minimum=0)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
 # A broken outcome is shared for less long: it is checked again sooner.
@@ -404,6 +405,9 @@ WEBHOOK_MAX_CONCURRENCY = env_int("WEBHOOK_MAX_CONCURRENCY", 16, minimum=0)
 # Deliveries in flight to one destination host across all workers; 0: no limit.
 WEBHOOK_PER_HOST_CONCURRENCY = env_int("WEBHOOK_PER_HOST_CONCURRENCY", 32, minimum=0)
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# Links an event's payload lists at most (result.links, broken first; external_links;
+# each list of changes); the rest are counted, and `links.self` is the full audit.
+WEBHOOK_MAX_LINKS = env_int("WEBHOOK_MAX_LINKS", 10, minimum=0)
 
 # --- Nightly re-audit ---------------------------------------------------------
 # Read once, by the data migration that creates the beat entry (reaudit 0002);
@@ -516,6 +520,9 @@ LOGGING = {
 # --- The run command (manage.py runstack, `make run`) --------------------------
 WEB_HOST = env_str("WEB_HOST", "127.0.0.1")
 WEB_PORT = env_int("WEB_PORT", 8000, minimum=1)
+# Where the API is reached from outside (`https://plumb.example.com`): the base of the
+# audit's URL (`links.self`) in webhook payloads, which are built without a request.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://{WEB_HOST}:{WEB_PORT}").rstrip("/")
 WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.

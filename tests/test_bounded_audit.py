@@ -1,21 +1,28 @@
-"""A page of any shape gives a bounded audit (issue 26.4): what it stores, what the API
-serves and what the admin renders are bounded by AUDIT_MAX_LINKS and the URL length."""
+"""A page of any shape gives a bounded audit (issues 26.4 and 31.5): what a worker holds
+while it reads the page, what the audit stores, what the API serves, what a webhook
+carries and what the admin renders are bounded by AUDIT_MAX_LINKS, WEBHOOK_MAX_LINKS and
+the URL length."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
+import psutil
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.urls import reverse
 
 from audits import services, submission
 from audits.models import Audit, LinkCheck
+from audits.summary import abridged_result
 from outbound.urls import MAX_URL_LENGTH, normalize_url
 from tests.hostile_pages import HostilePages, link_stuffed_page
 from tests.workers import wait_for
+from webhooks.deliver import payload_for
 
 
 @pytest.fixture
@@ -133,5 +140,120 @@ def test_hostile_pages_give_bounded_audits_through_a_worker(live_server, hostile
     assert len(served["/links"].content) < 300 * 2 * MAX_URL_LENGTH  # bounded by the caps
     assert results["/huge"]["truncated"] is True
     assert results["/huge"]["bytes"] == 5 * 1024 * 1024
-    assert (results["/deep"]["title"], results["/deep"]["truncated"]) == ("Deep", True)
+    # No tree, no nesting limit: the page is read to its end, as a browser reads it.
+    assert (results["/deep"]["title"], results["/deep"]["truncated"]) == ("Deep", False)
     assert LinkCheck.objects.count() == 300
+
+
+def same_host_anchors(count: int) -> str:
+    """The security review's page: `count` distinct same-host anchors (4.5 MB for 200,000)."""
+    return "".join(f"<a href=/p/{i}>x</a>" for i in range(count))
+
+
+@pytest.mark.slow
+def test_a_page_of_200000_anchors_is_audited_in_bounded_memory(live_server, hostile, start_worker):
+    external = "".join(f"<a href='http://localhost/{i}'>e</a>" for i in range(500))
+    body = f"<title>Links</title>{same_host_anchors(200_000)}{external}".encode()
+    hostile.pages["/anchors"] = (body, None, "text/html")
+    worker = start_worker(
+        "audits",
+        concurrency=django_settings.AUDITS_WORKER_CONCURRENCY,  # as make run starts it
+        pool="threads",
+        env={"AUDIT_MAX_LINK_CHECKS": "0"},
+    )
+    process = psutil.Process(worker.process.pid)
+    before = process.memory_info().rss
+    peak = before
+    sampling = True
+
+    def sample():
+        nonlocal peak
+        while sampling:
+            peak = max(peak, process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    response = httpx.post(
+        f"{live_server.url}/api/audits", json={"url": hostile.url + "/anchors"}, timeout=10
+    )
+    assert response.status_code == 202, response.text
+
+    def finished():
+        audit = Audit.objects.get(id=response.json()["id"])
+        return audit.status in Audit.FINISHED and audit
+
+    audit = wait_for(finished, timeout=90, show=[worker])
+    sampling = False
+    sampler.join()
+    assert audit.status == Audit.Status.SUCCEEDED, audit.error
+    result = audit.result
+    assert result["link_counts"] == {"internal": 200_000, "external": 500}
+    assert result["links_truncated"] is True
+    assert len(result["external_links"]) == 100  # AUDIT_MAX_LINKS
+    assert result["links_over_cap"] == 400
+    assert LinkCheck.objects.filter(audit=audit).count() == 100
+    # The whole lxml tree and a set of every link took 150 MB for this one page.
+    assert peak - before < 60 * 1024 * 1024, f"{(peak - before) / 2**20:.0f} MiB"
+
+
+def long_links_page(hostile) -> None:
+    """The security review's page: 300 links of 2,040 characters (620 KB)."""
+    hostile.pages["/"] = (
+        link_stuffed_page(f"localhost:{hostile.server_address[1]}", links=300, length=2040),
+        None,
+        "text/html",
+    )
+
+
+@pytest.mark.django_db
+def test_a_page_of_300_long_links_stores_a_bounded_result(hostile, settings):
+    settings.AUDIT_MAX_LINK_CHECKS = 0
+    long_links_page(hostile)
+    page = submission.get_or_create_page(normalize_url(f"{hostile.url}/"))
+    audit = Audit.objects.create(page=page, task_id="t")
+    services.execute_audit(str(audit.id))
+    audit = Audit.objects.get(id=audit.id)
+    assert audit.status == Audit.Status.SUCCEEDED
+    result = audit.result
+    assert len(result["links"]) == len(result["external_links"]) == settings.AUDIT_MAX_LINKS
+    assert result["link_check"]["outcomes"] == {"skipped": 100}
+    assert (result["links_over_cap"], result["links_truncated"]) == (200, True)
+    assert LinkCheck.objects.filter(audit=audit).count() == 100
+    # 1.25 MB with 300 links kept: now at most AUDIT_MAX_LINKS links of 2 KB, twice.
+    assert len(json.dumps(result)) < 450_000
+
+
+@pytest.mark.django_db
+def test_a_page_of_300_long_links_makes_a_small_webhook_payload(hostile, settings):
+    settings.AUDIT_MAX_LINK_CHECKS = 0
+    settings.PUBLIC_BASE_URL = "https://plumb.example"
+    long_links_page(hostile)
+    page = submission.get_or_create_page(normalize_url(f"{hostile.url}/"))
+    audit = Audit.objects.create(page=page, task_id="t")
+    services.execute_audit(str(audit.id))
+    payload = payload_for(Audit.objects.get(id=audit.id))
+    # 1.25 MB before: now WEBHOOK_MAX_LINKS (10) links of 2 KB, twice, and the rest.
+    assert len(json.dumps(payload)) < 64 * 1024
+    data = payload["data"]
+    assert data["links"]["self"] == f"https://plumb.example/api/audits/{audit.id}"
+    result = data["result"]
+    assert len(result["links"]) == len(result["external_links"]) == 10
+    assert result["links_truncated"] is True
+    assert result["link_check"]["outcomes"] == {"skipped": 100}
+    assert result["link_counts"]["external"] == 300
+
+
+def test_an_abridged_result_lists_broken_links_first():
+    links = [{"url": f"https://x.example/{i:03}", "status": "ok"} for i in range(50)]
+    links[40]["status"] = "broken"
+    links[7]["status"] = "rate_limited_pending"
+    result = {"links": links, "external_links": [link["url"] for link in links]}
+    abridged = abridged_result(result, 3)
+    assert [link["url"] for link in abridged["links"]] == [
+        "https://x.example/040",
+        "https://x.example/007",
+        "https://x.example/000",
+    ]
+    assert abridged["external_links"] == sorted(link["url"] for link in abridged["links"])
+    assert abridged["links_truncated"] is True
+    assert abridged_result(result, 50) is result

@@ -169,7 +169,8 @@ def test_the_deadline_finishes_the_audit_reporting_unfinished_checks(site, redis
     done = Audit.objects.get(id=audit.id)
     assert done.status == Audit.Status.SUCCEEDED
     assert done.result["link_check"] == {
-        "total": 2, "unfinished": 1, "rate_limited_pending": 1, "deadline_passed": True,
+        "total": 2, "outcomes": {"ok": 1, "rate_limited_pending": 1},
+        "unfinished": 1, "rate_limited_pending": 1, "deadline_passed": True,
     }  # fmt: skip
     pending = done.result["links"][1]
     assert pending["status"] == "rate_limited_pending" and pending["finished"] is False

@@ -209,17 +209,50 @@ def test_a_long_title_and_description_are_clipped():
     assert len(result["title"]) <= 1024 and len(result["meta_description"]) <= 1024
 
 
-def test_a_tree_nested_10000_deep_is_read_up_to_the_parser_s_limit_and_says_so():
+def test_a_tree_nested_a_million_deep_is_read_to_its_end():
+    # No tree is built, so no nesting limit stops the read: a browser reads on too.
     body = "<title>Deep</title><a href='https://before.example/'>b</a>"
-    body += "<div>" * 10_000 + "x" + "</div>" * 10_000 + "<a href='https://after.example/'>a</a>"
+    body += "<div>" * 1_000_000 + "<a href='https://after.example/'>a</a>"
     result = analyze(body)
     assert result["title"] == "Deep"
-    assert "https://before.example/" in result["external_links"]
-    assert result["parse_stopped"] is True
+    assert result["external_links"] == ["https://after.example/", "https://before.example/"]
 
 
-def test_a_shallow_page_is_not_reported_stopped():
-    assert analyze("<title>x</title>" + "<div>" * 200 + "</div>" * 200)["parse_stopped"] is False
+def test_links_before_a_late_base_resolve_on_it_as_in_the_dom():
+    body = (
+        "<a href='one'>1</a><p>text</p><base href='https://cdn.example/docs/'><a href='two'>2</a>"
+    )
+    assert analyze(body)["external_links"] == [
+        "https://cdn.example/docs/one",
+        "https://cdn.example/docs/two",
+    ]
+
+
+def test_internal_links_over_the_cap_are_counted_not_kept(settings):
+    settings.AUDIT_MAX_LINKS = 50
+    # The shape of the security review's page: 200,000 same-host anchors.
+    body = "".join(f"<a href=/p/{i}>x</a>" for i in range(200_000))
+    result = analyze(body + "<a href='https://other.example/'>o</a><a href=/p/1>again</a>")
+    assert result["link_counts"] == {"internal": 200_000, "external": 1}
+    assert result["links_truncated"] is True
+    assert (result["external_links"], result["links_over_cap"]) == (["https://other.example/"], 0)
+
+
+def test_a_link_repeated_within_the_cap_counts_once(settings):
+    settings.AUDIT_MAX_LINKS = 300
+    body = "<a href='https://x.example/'>x</a>" * 1000 + "<a href=/a>a</a>" * 1000
+    result = analyze(body)
+    assert result["link_counts"] == {"internal": 1, "external": 1}
+    assert result["links_truncated"] is False
+
+
+def test_a_title_of_megabytes_is_collected_within_bounds_and_clipped_as_before():
+    words = "  word\n" * 200_000
+    result = analyze(f"<title>{words}</title><h1>h</h1>")
+    expected = " ".join(["word"] * 200_000)
+    assert result["title"] == expected[:1023] + "\u2026"
+    assert result["h1_count"] == 1
+    assert analyze(f"<title>{' ' * 100_000}a{' ' * 100_000}b</title>")["title"] == "a b"
 
 
 def test_a_binary_body_sent_as_html_gives_a_result():

@@ -26,6 +26,7 @@ from redis.lock import Lock
 
 from audits.api.serializers import AuditSerializer
 from audits.models import Audit
+from audits.summary import abridged_changes, abridged_result
 from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, Transient
 from outbound.integrations import webhook
@@ -66,10 +67,15 @@ class AuditPayloadSerializer(AuditSerializer):
 
 
 def payload_for(audit: Audit, event: str = Delivery.Event.FINISHED) -> dict:
+    """The event's body. Its size is bounded whatever the page: link lists are cut to
+    WEBHOOK_MAX_LINKS (summary.abridged_result), and `data.links.self` is the full audit."""
+    data = AuditPayloadSerializer(audit).data
+    data["result"] = abridged_result(data["result"], settings.WEBHOOK_MAX_LINKS)
+    data["changes"] = abridged_changes(data["changes"], settings.WEBHOOK_MAX_LINKS)
     return {
         "type": event,
         "timestamp": (audit.finished_at or timezone.now()).isoformat(),
-        "data": AuditPayloadSerializer(audit).data,
+        "data": data,
     }
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 
+from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -154,7 +155,18 @@ class ChangeSerializer(serializers.Serializer):
 
 
 @extend_schema_field(
-    {"type": ["object", "null"], "description": "What the audit found; null until it succeeds."}
+    {
+        "type": ["object", "null"],
+        "description": "What the audit found; null until it succeeds. Bounded whatever the "
+        "page: `external_links` and `links` (one entry per external link, its outcome) list "
+        "at most AUDIT_MAX_LINKS distinct links, the first in the page; `link_counts` "
+        "counts every link (internal, external; past the cap each time it appears), "
+        "`links_over_cap` the external ones not listed, `links_too_long` those longer than "
+        "2048 characters, and `links_truncated` is true when any link went unlisted. "
+        "`link_check.outcomes` counts the listed links per outcome. A webhook payload "
+        "lists at most WEBHOOK_MAX_LINKS of them (broken first), with `links_truncated` "
+        "true; `links.self` is the full audit.",
+    }
 )
 class ResultField(serializers.JSONField):
     pass
@@ -216,10 +228,13 @@ class AuditSerializer(BuiltOnceModelSerializer):
 
 
 def links_to(context: dict, view_name: str, **kwargs) -> dict:
-    """{"self": the resource's absolute URL (its path without a request)}."""
+    """{"self": the resource's absolute URL: the request's, or PUBLIC_BASE_URL's without
+    one (a webhook payload)}."""
     path = reverse(view_name, kwargs=kwargs)
     request = context.get("request")
-    return {"self": request.build_absolute_uri(path) if request else path}
+    return {
+        "self": request.build_absolute_uri(path) if request else settings.PUBLIC_BASE_URL + path
+    }
 
 
 class AuditListQuerySerializer(StrictSerializer):
