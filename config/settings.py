@@ -16,6 +16,7 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import database_config, env_bool, env_float, env_int, env_list, env_str
+from config.secret_files import kept_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PLUMB_VAR_DIR", str(BASE_DIR / "var")))
@@ -28,11 +29,8 @@ DEV_SECRET_KEY_PREFIX = "plumb-dev-insecure-"
 
 
 def _dev_secret_key() -> str:
-    path = VAR_DIR / "dev-secret-key"
-    if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(DEV_SECRET_KEY_PREFIX + secrets.token_urlsafe(40))
-    return path.read_text().strip()
+    generated = DEV_SECRET_KEY_PREFIX + secrets.token_urlsafe(40)
+    return kept_secret(VAR_DIR / "dev-secret-key", generated)
 
 
 SECRET_KEY = env_str("SECRET_KEY", "") or _dev_secret_key()
