@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # manage.py itself runs with DEBUG on and the generated dev key; the processes
-# `runstack` starts run as in production, DEBUG off, with a key generated once in var/.
+# `runstack` starts run as in production, DEBUG off, with a key generated once in var/,
+# and so do its migrate and collectstatic (the key encrypts stored callback secrets).
 export DEBUG ?= true
 
 .PHONY: run demo test lint bootstrap clean

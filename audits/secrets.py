@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from functools import lru_cache
 
-from cryptography.fernet import Fernet, MultiFernet
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.db import models
+
+log = logging.getLogger(__name__)
 
 
 def _keys() -> tuple[str, ...]:
@@ -40,15 +43,38 @@ def decrypt(token: str) -> str:
     return _fernet(_keys()).decrypt(token.encode()).decode()
 
 
+class UnreadableSecret(str):
+    """A stored secret none of the keys decrypts: reads as no secret (empty), and is written
+    back as the token it was read from, so the right key configured later still reads it."""
+
+    def __new__(cls, token: str):
+        secret = super().__new__(cls, "")
+        secret.token = token
+        return secret
+
+
 class EncryptedSecretField(models.TextField):
     """A string stored as a Fernet token; empty stays empty (no secret).
 
     Lookups by value cannot work (every token differs): nothing filters on a secret.
+    A token no key decrypts (a changed SECRET_KEY, a key dropped too early) costs that row
+    its secret, logged, and never the list or page that row is in.
     """
 
     def from_db_value(self, value, expression, connection):
-        return decrypt(value) if value else value
+        if not value:
+            return value
+        try:
+            return decrypt(value)
+        except InvalidToken:
+            log.error(
+                "callback_secret.unreadable",
+                extra={"table": self.model._meta.db_table, "field": self.name},
+            )
+            return UnreadableSecret(value)
 
     def get_prep_value(self, value):
+        if isinstance(value, UnreadableSecret):
+            return value.token
         value = super().get_prep_value(value)
         return encrypt(value) if value else value

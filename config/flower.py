@@ -6,7 +6,7 @@ anyone. And a wrong password costs nothing, so it can be guessed at line speed.
 django-axes throttles Django's logins; Flower is a Tornado app that never reaches
 Django's authentication, so its failures are counted here, in its one process, with
 the same limits (LOGIN_FAILURE_LIMIT failures from one address lock it out for
-LOGIN_LOCKOUT_MINUTES). /healthcheck stays open: docker-compose polls it.
+LOGIN_LOCKOUT_MINUTES), in memory bounded by construction (LoginFailures). /healthcheck stays open: docker-compose polls it.
 
 The throttle wraps `BaseHandler.get_current_user` (the one place Flower decides who
 is logged in) and calls the original; tests/test_flower.py pins both behaviours
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 import tornado.web
 from django.conf import settings
@@ -29,28 +30,58 @@ from flower.views.monitor import Metrics
 
 
 class LoginFailures:
-    """Failed logins per client address within the lockout window."""
+    """Failed logins per client address within the lockout window, bounded in memory.
 
-    def __init__(self, limit: int, window_seconds: float):
+    An address keeps its last `limit` failures only (what a lockout needs), and is
+    forgotten once its newest failure is older than the window. At most `max_addresses`
+    are kept: past that, the address whose newest failure is oldest goes first. Evicting
+    one locked address takes `max_addresses` failures from other addresses, each a guess
+    that was counted, so the bound costs the lockout nothing an attacker could not have
+    spent on guessing anyway.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        window_seconds: float,
+        *,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.limit = limit
         self.window_seconds = window_seconds
-        self._failures: dict[str, deque[float]] = defaultdict(deque)
+        self.max_addresses = max_addresses
+        self._clock = clock
+        # Ordered by each address's newest failure, oldest first.
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _recent(self, address: str, now: float) -> deque[float]:
-        failures = self._failures[address]
-        while failures and failures[0] <= now - self.window_seconds:
-            failures.popleft()
-        return failures
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def _forget_expired(self, now: float) -> None:
+        while self._failures:
+            newest_of_oldest = next(iter(self._failures.values()))[-1]
+            if newest_of_oldest > now - self.window_seconds:
+                return
+            self._failures.popitem(last=False)
 
     def locked(self, address: str) -> bool:
         with self._lock:
-            return len(self._recent(address, time.monotonic())) >= self.limit
+            now = self._clock()
+            self._forget_expired(now)
+            failures = self._failures.get(address, ())
+            return len(failures) >= self.limit and failures[0] > now - self.window_seconds
 
     def failed(self, address: str) -> None:
         with self._lock:
-            now = time.monotonic()
-            self._recent(address, now).append(now)
+            now = self._clock()
+            self._forget_expired(now)
+            failures = self._failures.pop(address, None) or deque(maxlen=self.limit)
+            failures.append(now)
+            self._failures[address] = failures
+            while len(self._failures) > self.max_addresses:
+                self._failures.popitem(last=False)
 
 
 # AXES_COOLOFF_TIME is in hours (LOGIN_LOCKOUT_MINUTES / 60).

@@ -16,6 +16,7 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import database_config, env_bool, env_float, env_int, env_list, env_str
+from config.secret_files import kept_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PLUMB_VAR_DIR", str(BASE_DIR / "var")))
@@ -28,11 +29,8 @@ DEV_SECRET_KEY_PREFIX = "plumb-dev-insecure-"
 
 
 def _dev_secret_key() -> str:
-    path = VAR_DIR / "dev-secret-key"
-    if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(DEV_SECRET_KEY_PREFIX + secrets.token_urlsafe(40))
-    return path.read_text().strip()
+    generated = DEV_SECRET_KEY_PREFIX + secrets.token_urlsafe(40)
+    return kept_secret(VAR_DIR / "dev-secret-key", generated)
 
 
 SECRET_KEY = env_str("SECRET_KEY", "") or _dev_secret_key()
@@ -433,12 +431,14 @@ if REAUDIT_VISIBILITY_TIMEOUT_SECONDS <= REAUDIT_SLICE_SECONDS:
 # --- Retention (jobs.retention: `manage.py prune` and the daily jobs.prune) -------
 # Days each kind of row is kept; each app registers its kinds. An audit still queued
 # or running, a page's latest succeeded audit, an audit still owed a webhook delivery,
-# an open night and an unreplayed dead letter are kept whatever their age.
+# an open night and an unreplayed dead letter (but a failed delivery's) are kept
+# whatever their age.
 AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 90, minimum=1)
 LINK_CHECK_RETENTION_DAYS = env_int("LINK_CHECK_RETENTION_DAYS", 7, minimum=1)
 WEBHOOK_DELIVERY_RETENTION_DAYS = env_int("WEBHOOK_DELIVERY_RETENTION_DAYS", 30, minimum=1)
 RATELIMIT_OBSERVATION_RETENTION_DAYS = env_int("RATELIMIT_OBSERVATION_RETENTION_DAYS", 7, minimum=1)
 DEAD_LETTER_RETENTION_DAYS = env_int("DEAD_LETTER_RETENTION_DAYS", 30, minimum=1)
+WEBHOOK_DEAD_LETTER_RETENTION_DAYS = env_int("WEBHOOK_DEAD_LETTER_RETENTION_DAYS", 30, minimum=1)
 REAUDIT_PLACEMENT_RETENTION_DAYS = env_int("REAUDIT_PLACEMENT_RETENTION_DAYS", 1, minimum=0)
 REAUDIT_NIGHT_RETENTION_DAYS = env_int("REAUDIT_NIGHT_RETENTION_DAYS", 90, minimum=1)
 # Rows deleted per transaction: each batch locks only its own rows, briefly.

@@ -11,6 +11,18 @@ from __future__ import annotations
 
 import time
 
+# An error's message is where a downstream's text enters Plumb (a receiver's body, an
+# API's message, a URL), and every store of an error takes its text from the message:
+# a delivery's last_error, an audit's error, a link's detail, a dead letter.
+MESSAGE_LIMIT = 2000
+
+
+def storable_message(text: str) -> str:
+    """The text bounded, NUL shown as `\\x00`: PostgreSQL's text columns refuse NUL, and
+    one in a receiver's answer failed the write of the delivery's error."""
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "\u2026"
+
 
 class Transient(Exception):
     """Worth trying again later: a timeout, a refused connection, a 5xx, a 429.
@@ -22,7 +34,7 @@ class Transient(Exception):
     def __init__(
         self, message: str, *, retry_after: float | None = None, status_code: int | None = None
     ):
-        super().__init__(message)
+        super().__init__(storable_message(message))
         self.retry_after = retry_after
         self.status_code = status_code
 
@@ -67,7 +79,7 @@ class Permanent(Exception):
     """Trying again cannot help: a forbidden target, a redirect loop, a receiver's 4xx."""
 
     def __init__(self, message: str, *, status_code: int | None = None):
-        super().__init__(message)
+        super().__init__(storable_message(message))
         self.status_code = status_code
 
 

@@ -35,7 +35,11 @@ class DeadLetter(models.Model):
     class Meta:
         ordering = ["-last_failed_at"]
         indexes = [
-            models.Index(fields=["task_name", "-last_failed_at"], name="deadletter_task_idx"),
+            # The admin's list of one task (read backwards) and the retention of one task's
+            # dead letters (webhooks.retention), walked in this order.
+            models.Index(
+                fields=["task_name", "last_failed_at", "id"], name="deadletter_task_failed_idx"
+            ),
             models.Index(fields=["replayed_at", "-last_failed_at"], name="deadletter_replayed_idx"),
         ]
 

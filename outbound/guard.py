@@ -10,6 +10,80 @@ from concurrent.futures import Future
 
 import httpcore
 
+# Which addresses are public is decided by this table, not by `ipaddress`'s is_global:
+# its tables change between Python releases (3.11.7 takes fec0::/10 and 192.0.0.8 as
+# global; later releases rewrote them). Each row is an entry of IANA's registries
+# with its "Globally Reachable" column; the most specific row that holds an address
+# decides, an address no row holds is public (IPv4) or public only inside 2000::/3,
+# IANA's Global Unicast space (IPv6: fec0::/10, site-local, deprecated by RFC 3879, and
+# ff00::/8, multicast, are outside it, as is every block reserved by the IETF).
+#   IPv4: https://www.iana.org/assignments/iana-ipv4-special-registry/
+#         plus 224.0.0.0/4 from the IPv4 Address Space Registry (multicast).
+#   IPv6: https://www.iana.org/assignments/iana-ipv6-special-registry/ (2024-10-22), and
+#         https://www.iana.org/assignments/ipv6-address-space/ for 2000::/3.
+# A row IANA adds outside 2000::/3 is refused already; one inside it needs a row here.
+# Rows whose column is N/A: 192.88.99.0/24 (6to4 relay anycast, deprecated by RFC 7526)
+# is refused; 2002::/16 (6to4) and 2001::/32 (Teredo) are judged as the other rows
+# say (6to4 by the IPv4 address inside it, Teredo inside the refused 2001::/23).
+_IPV4_REGISTRY = [
+    ("0.0.0.0/8", False),  # "this network", 0.0.0.0/32 "this host" inside it
+    ("10.0.0.0/8", False),  # private use
+    ("100.64.0.0/10", False),  # shared address space (carrier-grade NAT)
+    ("127.0.0.0/8", False),  # loopback
+    ("169.254.0.0/16", False),  # link local (cloud metadata services)
+    ("172.16.0.0/12", False),  # private use
+    ("192.0.0.0/24", False),  # IETF protocol assignments (192.0.0.0/29 DS-Lite, .8 dummy)
+    ("192.0.0.9/32", True),  # port control protocol anycast
+    ("192.0.0.10/32", True),  # TURN anycast
+    ("192.0.0.170/32", False),  # NAT64/DNS64 discovery
+    ("192.0.0.171/32", False),  # NAT64/DNS64 discovery
+    ("192.0.2.0/24", False),  # documentation (TEST-NET-1)
+    ("192.31.196.0/24", True),  # AS112-v4
+    ("192.52.193.0/24", True),  # AMT
+    ("192.88.99.0/24", False),  # 6to4 relay anycast, deprecated
+    ("192.168.0.0/16", False),  # private use
+    ("192.175.48.0/24", True),  # AS112 direct delegation
+    ("198.18.0.0/15", False),  # benchmarking
+    ("198.51.100.0/24", False),  # documentation (TEST-NET-2)
+    ("203.0.113.0/24", False),  # documentation (TEST-NET-3)
+    ("224.0.0.0/4", False),  # multicast (IPv4 Address Space Registry)
+    ("240.0.0.0/4", False),  # reserved, 255.255.255.255/32 limited broadcast inside it
+]
+_IPV6_REGISTRY = [
+    ("::/128", False),  # unspecified
+    ("::1/128", False),  # loopback
+    ("::ffff:0:0/96", False),  # IPv4-mapped
+    ("64:ff9b::/96", True),  # IPv4-IPv6 translation (NAT64): by the IPv4 inside, below
+    ("64:ff9b:1::/48", False),  # IPv4-IPv6 translation, local use
+    ("100::/64", False),  # discard-only
+    ("2001::/23", False),  # IETF protocol assignments (Teredo 2001::/32 inside)
+    ("2001:1::1/128", True),  # port control protocol anycast
+    ("2001:1::2/128", True),  # TURN anycast
+    ("2001:2::/48", False),  # benchmarking
+    ("2001:3::/32", True),  # AMT
+    ("2001:4:112::/48", True),  # AS112-v6
+    ("2001:20::/28", True),  # ORCHIDv2
+    ("2001:30::/28", True),  # drone remote ID entity tags
+    ("2001:db8::/32", False),  # documentation
+    ("2620:4f:8000::/48", True),  # AS112 direct delegation
+    ("3fff::/20", False),  # documentation
+    ("5f00::/16", False),  # segment routing (SRv6) SIDs
+    ("fc00::/7", False),  # unique local
+    ("fe80::/10", False),  # link-local unicast
+]
+_IPV6_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+
+
+def _registry(
+    rows: list[tuple[str, bool]],
+) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, bool]]:
+    # Most specific first: the first row that holds an address decides.
+    networks = [(ipaddress.ip_network(network), reachable) for network, reachable in rows]
+    return sorted(networks, key=lambda row: row[0].prefixlen, reverse=True)
+
+
+_SPECIAL_PURPOSE = {4: _registry(_IPV4_REGISTRY), 6: _registry(_IPV6_REGISTRY)}
+
 # IPv6 prefixes whose last 32 bits are an IPv4 address a gateway, a relay or the host's
 # own stack may connect to: NAT64 (RFC 6052, and the local-use /48 of RFC 8215), the
 # IPv4-compatible form (::a.b.c.d, deprecated but still parsed) and SIIT's
@@ -47,7 +121,10 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
 
 
 def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    return ip.is_global and not ip.is_multicast
+    for network, globally_reachable in _SPECIAL_PURPOSE[ip.version]:
+        if ip in network:
+            return globally_reachable
+    return ip.version == 4 or ip in _IPV6_GLOBAL_UNICAST
 
 
 def is_public_address(address: str) -> bool:

@@ -1,7 +1,8 @@
 """A webhook receiver on 127.0.0.1 that records what arrives: for the tests and the benchmark.
 
 `Receiver(respond=...)` answers every POST with what `respond(seconds since
-start, request number)` returns: a status code, or (status, headers), and holds
+start, request number)` returns: a status code, (status, headers), or (status, headers,
+body), and holds
 each request `hold_seconds` first. It counts requests in flight and their peak,
 and keeps every request (time, headers, body).
 """
@@ -27,7 +28,7 @@ class ReceivedRequest:
         self.webhook_id = self.headers.get("webhook-id", "")
 
 
-Response = int | tuple[int, dict[str, str]]
+Response = int | tuple[int, dict[str, str]] | tuple[int, dict[str, str], bytes]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -55,13 +56,16 @@ class _Handler(BaseHTTPRequestHandler):
             if server.hold_seconds:
                 time.sleep(server.hold_seconds)
             answer = server.respond(request.at, number)
-            status, headers = answer if isinstance(answer, tuple) else (answer, {})
+            status, headers, body = (
+                (*answer, b"")[:3] if isinstance(answer, tuple) else (answer, {}, b"")
+            )
             request.status = status
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
         finally:
             with server.lock:
                 server.in_flight -= 1

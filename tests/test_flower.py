@@ -11,6 +11,7 @@ import pytest
 from django.conf import settings
 
 from config.devservices import free_port
+from config.flower import LoginFailures
 from devstack.management.commands.runstack import flower_basic_auth
 from tests.workers import ROOT, wait_for
 
@@ -26,6 +27,39 @@ def test_without_a_setting_credentials_are_generated_once_and_kept(tmp_path):
     assert generated and user == "flower" and len(password) >= 16
     assert flower_basic_auth(tmp_path, "") == (credentials, True)
     assert (tmp_path / "flower-basic-auth").stat().st_mode & 0o777 == 0o600
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_many_addresses_do_not_grow_the_lockout_without_bound():
+    failures = LoginFailures(3, window_seconds=600, max_addresses=100, clock=Clock())
+    for n in range(5000):
+        failures.failed(f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
+    # It kept one entry per address, forever: 5,000 here, any number from a botnet or an
+    # IPv6 prefix.
+    assert len(failures) == 100
+
+
+def test_the_lockout_still_locks_an_address_and_forgets_it_after_the_window():
+    clock = Clock()
+    failures = LoginFailures(3, window_seconds=600, max_addresses=100, clock=clock)
+    for _ in range(3):
+        assert not failures.locked("203.0.113.7")
+        failures.failed("203.0.113.7")
+    assert failures.locked("203.0.113.7")
+    # Other addresses failing within the bound neither unlock it nor lock themselves.
+    for n in range(50):
+        failures.failed(f"198.51.100.{n}")
+    assert failures.locked("203.0.113.7") and not failures.locked("198.51.100.1")
+    clock.now += 601
+    assert not failures.locked("203.0.113.7")
+    assert len(failures) == 0  # every address's failures expired: nothing is kept
 
 
 def start_flower(port: int, **env) -> subprocess.Popen:

@@ -223,6 +223,46 @@ def test_a_batch_deletes_only_rows_that_still_qualify():
     assert rows.filter(pk__in=[audit.id]).only("pk").delete()[0] == 0
 
 
+# --- dead letters of refused deliveries ----------------------------------------------
+
+
+def make_delivery_dead_letters(
+    count: int, *, reason: str, days_ago: float, task_name: str = "webhooks.deliver"
+) -> None:
+    failed = NOW - timedelta(days=days_ago)
+    DeadLetter.objects.bulk_create(
+        DeadLetter(task_name=task_name, task_id=f"d{n}", args=[f"delivery-{n}"], reason=reason,
+                   first_failed_at=failed, last_failed_at=failed)
+        for n in range(count)
+    )  # fmt: skip
+
+
+def test_dead_letters_of_refused_deliveries_age_out_and_others_stay():
+    make_delivery_dead_letters(12, reason="failed", days_ago=40)  # a receiver's 4xx
+    make_delivery_dead_letters(3, reason="attempts_exhausted", days_ago=40)
+    make_delivery_dead_letters(2, reason="failed", days_ago=10)  # within the horizon
+    make_delivery_dead_letters(1, reason="malformed", days_ago=40)  # an operator's to read
+    make_dead_letters(4, replayed_days_ago=None)  # another task's, never replayed: owed
+
+    pruned = prune("webhook_dead_letters", batch_size=5)
+
+    # Every refused callback was a dead letter kept forever: 22 here, one per audit of a
+    # callback that answers 4xx.
+    assert (pruned.deleted, pruned.batches, pruned.finished) == (15, 4, True)
+    kept = DeadLetter.objects.values_list("task_name", "reason")
+    assert sorted(kept) == sorted(
+        [("webhooks.deliver", "failed")] * 2
+        + [("webhooks.deliver", "malformed")]
+        + [("audits.run_audit", "failed")] * 4
+    )
+
+
+def test_the_horizon_of_refused_deliveries_dead_letters_is_its_own_setting(settings):
+    make_delivery_dead_letters(2, reason="failed", days_ago=10)
+    settings.WEBHOOK_DEAD_LETTER_RETENTION_DAYS = 7
+    assert prune("webhook_dead_letters").deleted == 2
+
+
 # --- the re-audit's nights -----------------------------------------------------------
 
 
@@ -370,6 +410,8 @@ def test_the_beat_entry_prunes_through_a_reaudit_worker(start_worker):
         # Not "as they are": unanalyzed, PostgreSQL reads the night's placements by the
         # slice index and sorts them (DECISIONS.md, "Retention").
         ("reaudit_placements", "placement_once_per_night", "fresh"),
+        ("webhook_dead_letters", "deadletter_task_failed_idx", "as they are"),
+        ("webhook_dead_letters", "deadletter_task_failed_idx", "fresh"),
     ],
 )
 def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
@@ -401,9 +443,17 @@ def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
                 f"UPDATE {table} SET created_at = %s + random() * interval '1 day'", [OLD]
             )
     make_night(5, closed=True, pages=pages)
+    for task_name in ("webhooks.deliver", "audits.run_audit"):
+        make_delivery_dead_letters(1000, reason="failed", days_ago=40, task_name=task_name)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs_deadletter SET last_failed_at = %s + random() * interval '1 day'", [OLD]
+        )
     if statistics == "fresh":
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE audits_audit, audits_linkcheck, reaudit_placement")
+            cursor.execute(
+                "ANALYZE audits_audit, audits_linkcheck, reaudit_placement, jobs_deadletter"
+            )
 
     with CaptureQueriesContext(connection) as queries:
         prune(kind, batch_size=100)

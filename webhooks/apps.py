@@ -12,9 +12,10 @@ class WebhooksConfig(AppConfig):
         from jobs import reconcile, retention
         from webhooks import tasks  # noqa: F401
         from webhooks.reconcile import SOURCES
-        from webhooks.retention import KIND, without_owed_deliveries
+        from webhooks.retention import DEAD_LETTERS, KIND, without_owed_deliveries
 
         for source in SOURCES:
             reconcile.register(source)
         retention.register(KIND)
+        retention.register(DEAD_LETTERS)
         retention.keep("audits", without_owed_deliveries)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from devstack.management.commands.runstack import flower_basic_auth, service_secret_key
 from tests.workers import ROOT
 
 STRONG_KEY = secrets.token_urlsafe(50)
@@ -83,3 +84,34 @@ def test_the_sqlite_database_file_is_private(tmp_path):
     fresh = tmp_path / "fresh.sqlite3"
     run_check(DEBUG="true", PLUMB_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{fresh}")
     assert fresh.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_development_key_file_is_private(tmp_path):
+    database = f"sqlite:///{tmp_path / 'plumb.sqlite3'}"
+    result = run_check(DEBUG="true", PLUMB_VAR_DIR=str(tmp_path), DATABASE_URL=database)
+    assert result.returncode == 0, result.stderr
+    key = tmp_path / "dev-secret-key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    key.chmod(0o644)  # as an older checkout left it: world-readable
+    run_check(DEBUG="true", PLUMB_VAR_DIR=str(tmp_path), DATABASE_URL=database)
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_stack_s_secret_files_are_created_private_and_narrowed_when_found_readable(tmp_path):
+    previous = os.umask(0)  # the file's own mode must protect it, whatever the umask
+    try:
+        key = service_secret_key(tmp_path, "")
+        login, _ = flower_basic_auth(tmp_path, "")
+    finally:
+        os.umask(previous)
+    for name in ("secret-key", "flower-basic-auth"):
+        kept = tmp_path / name
+        assert kept.stat().st_mode & 0o777 == 0o600
+        kept.chmod(0o644)
+    # Read again, the same secrets, owner-only again.
+    assert service_secret_key(tmp_path, "") == key
+    assert flower_basic_auth(tmp_path, "") == (login, True)
+    assert {
+        (tmp_path / name).stat().st_mode & 0o777 for name in ("secret-key", "flower-basic-auth")
+    } == {0o600}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["flower-basic-auth", "secret-key"]

@@ -36,6 +36,81 @@ def test_public_addresses_are_public(address):
     assert guard.is_public_address(address) is True
 
 
+# One address in each non-global entry of IANA's special-purpose registries (and the IPv6
+# blocks outside 2000::/3, Global Unicast), each the guard's decision whatever the Python
+# version's `ipaddress` tables say: 3.11.7's got 15 of these wrong, 192.0.0.8 and fec0::1
+# taken as public, the IPv6 anycast and AMT addresses refused among them.
+NOT_GLOBALLY_REACHABLE = {
+    "this network": "0.1.2.3",
+    "private use 10/8": "10.255.0.1",
+    "shared address space": "100.127.255.254",
+    "loopback": "127.8.8.8",
+    "link local": "169.254.0.1",
+    "private use 172.16/12": "172.31.255.255",
+    "IETF protocol assignments": "192.0.0.200",
+    "service continuity (DS-Lite)": "192.0.0.1",
+    "IPv4 dummy address": "192.0.0.8",
+    "NAT64/DNS64 discovery": "192.0.0.171",
+    "TEST-NET-1": "192.0.2.1",
+    "6to4 relay anycast, deprecated": "192.88.99.1",
+    "private use 192.168/16": "192.168.0.1",
+    "benchmarking": "198.19.255.1",
+    "TEST-NET-2": "198.51.100.7",
+    "TEST-NET-3": "203.0.113.7",
+    "multicast": "239.255.255.250",
+    "reserved": "240.0.0.1",
+    "limited broadcast": "255.255.255.255",
+    "unspecified": "::",
+    "IPv4-mapped of a public address": "::ffff:8.8.8.8",
+    "NAT64 local use": "64:ff9b:1::808:808",
+    "discard-only": "100::1",
+    "IETF protocol assignments 2001::/23": "2001:1ff::1",
+    "TURN anycast's neighbour": "2001:1::4",
+    "Teredo": "2001:0:808:808::1",
+    "benchmarking 2001:2::/48": "2001:2::1",
+    "ORCHID, deprecated": "2001:10::1",
+    "documentation 2001:db8::/32": "2001:db8::1",
+    "documentation 3fff::/20": "3fff:fff::1",
+    "segment routing SIDs": "5f00::1",
+    "unique local": "fd12:3456::1",
+    "link-local": "febf::1",
+    "site-local, deprecated": "fec0::1",
+    "multicast ff00::/8": "ff02::1",
+    "reserved by the IETF 4000::/3": "4000::1",
+}
+GLOBALLY_REACHABLE = {
+    "a public IPv4 address": "93.184.215.14",
+    "port control protocol anycast": "192.0.0.9",
+    "TURN anycast": "192.0.0.10",
+    "AS112-v4": "192.31.196.1",
+    "AMT": "192.52.193.1",
+    "AS112 direct delegation": "192.175.48.1",
+    "public next to shared address space": "100.128.0.1",
+    "public next to benchmarking": "198.20.0.1",
+    "a public IPv6 address": "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
+    "PCP anycast v6": "2001:1::1",
+    "TURN anycast v6": "2001:1::2",
+    "AMT v6": "2001:3::1",
+    "AS112-v6": "2001:4:112::1",
+    "ORCHIDv2": "2001:20::1",
+    "drone remote ID entity tags": "2001:30::1",
+    "AS112 direct delegation v6": "2620:4f:8000::1",
+    "public next to documentation 3fff::/20": "3fff:1000::1",
+}
+
+
+@pytest.mark.parametrize(
+    "address", NOT_GLOBALLY_REACHABLE.values(), ids=NOT_GLOBALLY_REACHABLE.keys()
+)
+def test_every_special_purpose_range_that_is_not_globally_reachable_is_refused(address):
+    assert guard.is_public_address(address) is False
+
+
+@pytest.mark.parametrize("address", GLOBALLY_REACHABLE.values(), ids=GLOBALLY_REACHABLE.keys())
+def test_globally_reachable_addresses_stay_public(address):
+    assert guard.is_public_address(address) is True
+
+
 def test_a_name_that_resolves_to_loopback_is_refused_without_saying_what_it_resolves_to(site):
     with pytest.raises(Permanent, match="localhost is not a public address") as refused:
         fetch(site.base_url.replace("127.0.0.1", "localhost") + "/", allow_private=False)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,6 +22,7 @@ from django.core.management import BaseCommand, CommandError, call_command
 
 from config import devservices
 from config.redis import dedicated_client
+from config.secret_files import kept_secret
 from devstack.supervisor import AlreadyRunning, Supervisor, die_with_parent
 
 
@@ -42,13 +45,37 @@ def service_secret_key(var_dir: Path, configured: str) -> str:
     return kept_secret(var_dir / "secret-key", secrets.token_urlsafe(50))
 
 
-def kept_secret(path: Path, generated: str) -> str:
-    """The secret kept at `path`, written there (owner-only) the first time."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(generated + "\n")
-        path.chmod(0o600)
-    return path.read_text().strip()
+def stack_environment(environ: Mapping[str, str], var_dir: Path, *, demo: bool) -> dict[str, str]:
+    """The environment of every process the stack starts, and of the commands that prepare
+    its database (`prepare`): one SECRET_KEY for all of them."""
+    env = dict(environ)
+    # The service runs as it would in production, DEBUG off: under DEBUG Django keeps
+    # and formats every query, which cost a worker a third of its CPU per audit
+    # (BENCHMARKS.md, throughput). `manage.py runserver` is there for debugging.
+    env["DEBUG"] = "false"
+    env["SECRET_KEY"] = service_secret_key(var_dir, environ.get("SECRET_KEY", ""))
+    # Plain http on 127.0.0.1: a browser drops a Secure cookie there (only "localhost"
+    # counts as a secure context), and the admin login would never stick. A deployment
+    # behind TLS keeps the default (secure when DEBUG is off).
+    env.setdefault("SECURE_COOKIES", "false")
+    if demo:
+        env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
+    # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.
+    env["FLOWER_BASIC_AUTH"], _ = flower_basic_auth(var_dir, environ.get("FLOWER_BASIC_AUTH", ""))
+    return env
+
+
+def prepare(env: Mapping[str, str]) -> None:
+    """Migrate and collect static files as processes of the stack, in its environment.
+
+    `manage.py runstack` itself runs with DEBUG on and the development key (the Makefile),
+    the stack with the key kept in var/. The key that encrypts callback secrets derives from
+    SECRET_KEY (audits.secrets), so a migration that encrypts them (audits 0009) run in this
+    process wrote rows the web and workers could not read (InvalidToken).
+    """
+    manage = str(settings.BASE_DIR / "manage.py")
+    for command in (["migrate", "--no-input"], ["collectstatic", "--no-input"]):
+        subprocess.run([sys.executable, manage, *command, "--verbosity", "0"], env=env, check=True)
 
 
 def web_command(host: str, port: int, *, workers: int) -> str:
@@ -112,35 +139,20 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, demo: bool, **options):
-        env = dict(os.environ)
-        # The service runs as it would in production, DEBUG off: under DEBUG Django keeps
-        # and formats every query, which cost a worker a third of its CPU per audit
-        # (BENCHMARKS.md, throughput). `manage.py runserver` is there for debugging.
-        env["DEBUG"] = "false"
-        env["SECRET_KEY"] = service_secret_key(
-            Path(settings.VAR_DIR), os.environ.get("SECRET_KEY", "")
-        )
-        # Plain http on 127.0.0.1: a browser drops a Secure cookie there (only "localhost"
-        # counts as a secure context), and the admin login would never stick. A deployment
-        # behind TLS keeps the default (secure when DEBUG is off).
-        env.setdefault("SECURE_COOKIES", "false")
-        if demo:
-            env["AUDIT_ALLOW_PRIVATE_TARGETS"] = "true"
-        # Flower reads FLOWER_BASIC_AUTH from its environment and refuses anyone without it.
-        env["FLOWER_BASIC_AUTH"], generated = flower_basic_auth(
-            Path(settings.VAR_DIR), settings.FLOWER_BASIC_AUTH
-        )
+        env = stack_environment(os.environ, Path(settings.VAR_DIR), demo=demo)
+        generated_flower_login = not settings.FLOWER_BASIC_AUTH
         redis_process = self._ensure_redis()
         try:
-            call_command("migrate", interactive=False, verbosity=0)
-            call_command("collectstatic", interactive=False, verbosity=0)
+            prepare(env)
             self._ensure_admin()
             # The pid file names this run's processes: the next start stops any a lost
             # run left behind, and refuses to start beside a live one.
             supervisor = Supervisor(sys.stdout, pid_file=Path(settings.VAR_DIR) / "stack.pids")
             for name, command in stack_commands(demo).items():
                 supervisor.add(name, command, env=env)
-            self._print_urls(demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated else None)
+            self._print_urls(
+                demo, flower_login=env["FLOWER_BASIC_AUTH"] if generated_flower_login else None
+            )
             if demo:
                 threading.Thread(target=self._submit_demo_pages, daemon=True).start()
             try:
