@@ -78,12 +78,12 @@ def env_named_secrets(name: str) -> dict[str, str]:
     named: dict[str, str] = {}
     for position, item in enumerate(env_list(name, []), start=1):
         label, colon, secret = item.partition(":")
-        if not colon or not label.strip() or not secret:
+        label, secret = label.strip(), secret.strip()
+        if not colon or not label or not secret:
             raise ImproperlyConfigured(
                 f"{name}: entry {position} is not name:secret. Each entry names the user the "
                 "secret acts as (e.g. ci:<secret>); a bare secret has no identity."
             )
-        label = label.strip()
         if label in named:
             raise ImproperlyConfigured(f"{name}: the name {label!r} appears twice")
         named[label] = secret
