@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from io import StringIO
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from audits.api.auth import issue_token
 from audits.models import ApiToken, Audit, Page
 from config.env import env_named_secrets
+from devstack.demo_site import DEMO_PATHS
 from tests.webhook_helpers import SECRET
 from webhooks import deliver
 from webhooks.models import Delivery
@@ -251,3 +254,17 @@ def test_admin_tokens_alone_can_require_a_token(settings, django_user_model):
     )
     _, token = issue_token(django_user_model.objects.create_user("dave"), "x")
     submit(client(token), "https://x.example/", callback=None)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("configured", "owner"), [({"ci": "ci-demo-secret-012345"}, "ci"), ({}, "demo")]
+)
+def test_make_demo_submits_with_a_token_when_one_is_required(
+    configured, owner, live_server, site, settings, redis_client
+):
+    settings.API_TOKENS = configured
+    settings.API_REQUIRE_TOKEN = True
+    call_command("demo_submit", api=live_server.url, site=site.base_url, wait=10, stdout=StringIO())
+    assert Audit.objects.count() == len(DEMO_PATHS)
+    assert set(Page.objects.values_list("owner__username", flat=True)) == {owner}
