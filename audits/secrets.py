@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
 
 from cryptography.fernet import Fernet, MultiFernet
 from django.conf import settings
@@ -52,3 +53,13 @@ class EncryptedSecretField(models.TextField):
     def get_prep_value(self, value):
         value = super().get_prep_value(value)
         return encrypt(value) if value else value
+
+
+def without_password(url: str) -> str:
+    """The URL with the password of its user info shown as `***`: whoever may see a callback
+    URL sees where it goes and as which user, never its password (like its secret)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

@@ -33,12 +33,20 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue_token(user, name: str) -> tuple[ApiToken, str]:
-    """A new token for `user`: (its row, the token itself, which is kept nowhere)."""
+def new_token(row: ApiToken) -> str:
+    """Give the unsaved `row` a fresh token's prefix and hash; the token itself is returned
+    to be shown once, and kept nowhere."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(
-        user=user, name=name, prefix=token[: len(TOKEN_PREFIX) + 6], key_hash=token_hash(token)
-    )
+    row.prefix = token[: len(TOKEN_PREFIX) + 6]
+    row.key_hash = token_hash(token)
+    return token
+
+
+def issue_token(user, name: str) -> tuple[ApiToken, str]:
+    """A new token for `user`: (its row, the token)."""
+    row = ApiToken(user=user, name=name)
+    token = new_token(row)
+    row.save(force_insert=True)
     return row, token
 
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import copy
-from urllib.parse import urlsplit, urlunsplit
 
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
@@ -9,6 +8,7 @@ from rest_framework import serializers
 
 from audits.changes import FIELDS as CHANGE_FIELDS
 from audits.models import Audit, Page
+from audits.secrets import without_password
 from outbound.integrations.webhook import validate_secret
 from outbound.urls import (
     MAX_HOST_LENGTH,
@@ -175,16 +175,6 @@ class BuiltOnceModelSerializer(serializers.ModelSerializer):
         if built is None:
             built = cls._built_fields = super().get_fields()
         return copy.deepcopy(built)
-
-
-def without_password(url: str) -> str:
-    """The URL with the password of its user info replaced by `***`: its owner sees where
-    the callback goes and which user, never the password again (like the secret)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def viewer(context: dict):

@@ -5,6 +5,7 @@ ids say nothing of other pages."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from io import StringIO
 
@@ -268,3 +269,38 @@ def test_make_demo_submits_with_a_token_when_one_is_required(
     call_command("demo_submit", api=live_server.url, site=site.base_url, wait=10, stdout=StringIO())
     assert Audit.objects.count() == len(DEMO_PATHS)
     assert set(Page.objects.values_list("owner__username", flat=True)) == {owner}
+
+
+def test_a_token_added_in_the_admin_is_shown_once_and_kept_hashed(admin_client, django_user_model):
+    erin = django_user_model.objects.create_user("erin")
+    response = admin_client.post(
+        "/admin/audits/apitoken/add/", {"user": erin.pk, "name": "deploy"}, follow=True
+    )
+    assert response.status_code == 200
+    (token,) = re.findall(r"plumb_[A-Za-z0-9_-]{40,}", response.content.decode())
+    row = ApiToken.objects.get()
+    assert (row.user, row.name) == (erin, "deploy") and token not in row.key_hash
+    # Not shown again.
+    assert (
+        token not in admin_client.get(f"/admin/audits/apitoken/{row.pk}/change/").content.decode()
+    )
+    assert token not in admin_client.get("/admin/audits/apitoken/").content.decode()
+    submit(client(token), "https://erin.example/", callback=None)
+    assert Page.objects.get().owner == erin
+
+
+def test_the_admin_shows_no_callback_password(admin_client):
+    page = Page.objects.create(
+        url="https://example.org/", domain="example.org", callback_url=CALLBACK,
+        callback_secret=SECRET,
+    )  # fmt: skip
+    audit = Audit.objects.create(page=page, task_id="t", callback_url=CALLBACK)
+    for path in (
+        "/admin/audits/page/",
+        f"/admin/audits/page/{page.pk}/change/",
+        f"/admin/audits/audit/{audit.pk}/change/",
+    ):
+        shown = admin_client.get(path)
+        assert shown.status_code == 200
+        text = shown.content.decode()
+        assert "hookpass" not in text and "hookuser:***@hooks.example.org" in text
