@@ -295,10 +295,13 @@ def test_the_admin_shows_no_callback_password(admin_client):
         callback_secret=SECRET,
     )  # fmt: skip
     audit = Audit.objects.create(page=page, task_id="t", callback_url=CALLBACK)
+    delivery = Delivery.objects.create(audit=audit, url=CALLBACK, task_id="t")
     for path in (
         "/admin/audits/page/",
         f"/admin/audits/page/{page.pk}/change/",
         f"/admin/audits/audit/{audit.pk}/change/",
+        "/admin/webhooks/delivery/",
+        f"/admin/webhooks/delivery/{delivery.pk}/change/",
     ):
         shown = admin_client.get(path)
         assert shown.status_code == 200
