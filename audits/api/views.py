@@ -109,12 +109,7 @@ class AuditCollectionView(APIView):
         query = AuditListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         filters = {k: v for k, v in query.validated_data.items() if k in {"status", "trigger"}}
-        audits = (
-            pages.audits_readable_by(request.user)
-            .select_related("page")
-            .filter(**filters)
-            .order_by("-created_at", "-id")
-        )
+        audits = pages.audits_listed(request.user, **filters)
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(audits, request, view=self)
         return paginator.get_paginated_response(
