@@ -64,8 +64,9 @@ def audits_listed(user, **filters) -> QuerySet[Audit]:
     audits = Audit.objects.select_related("page").filter(**filters)
     if not user.is_staff:
         submitted = audits.filter(submitter=user)
-        of_its_pages = audits.filter(page__owner=user)
-        audits = submitted.union(of_its_pages)
+        its_pages = Page.objects.filter(owner=user).values("id")
+        others_of_its_pages = audits.filter(page__in=its_pages).exclude(submitter=user)
+        audits = submitted.union(others_of_its_pages, all=True)
     return audits.order_by("-created_at", "-id")
 
 
