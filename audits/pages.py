@@ -63,6 +63,7 @@ def audits_listed(user, **filters) -> QuerySet[Audit]:
     """
     audits = Audit.objects.select_related("page").filter(**filters)
     if not user.is_staff:
+        audits = audits.order_by()  # the union is ordered, never its parts (SQLite refuses)
         submitted = audits.filter(submitter=user)
         its_pages = Page.objects.filter(owner=user).values("id")
         others_of_its_pages = audits.filter(page__in=its_pages).exclude(submitter=user)
