@@ -1,9 +1,11 @@
 import json
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
-from audits.models import Audit, LinkCheck, Page, SharedLink
+from audits.api.auth import new_token
+from audits.models import ApiToken, Audit, LinkCheck, Page, SharedLink
+from audits.secrets import without_password
 
 
 class RemovedFilter(admin.SimpleListFilter):
@@ -24,15 +26,51 @@ class RemovedFilter(admin.SimpleListFilter):
 @admin.register(Page)
 class PageAdmin(admin.ModelAdmin):
     list_display = [
-        "url", "domain", "reaudit_nightly", "callback_url", "last_changed_at", "removed_at",
-        "created_at",
+        "url", "domain", "owner", "reaudit_nightly", "page_callback", "last_changed_at",
+        "removed_at", "created_at",
     ]  # fmt: skip
     list_filter = ["reaudit_nightly", RemovedFilter, "last_changed_at"]
-    search_fields = ["url", "domain", "callback_url"]
+    search_fields = ["url", "domain", "=public_id", "owner__username"]
     list_editable = ["reaudit_nightly"]
-    readonly_fields = ["created_at", "last_changed_at", "last_worse_at", "removed_at"]
-    # The page callback's secret is write-only (set through the API): never shown.
-    exclude = ["callback_secret"]
+    list_select_related = ["owner"]
+    raw_id_fields = ["owner"]
+    readonly_fields = [
+        "public_id", "page_callback", "created_at", "last_changed_at", "last_worse_at",
+        "removed_at",
+    ]  # fmt: skip
+    # The page callback is set through the API, as a pair with its secret; the secret is
+    # write-only (never shown) and the URL's password shown as `***`.
+    exclude = ["callback_url", "callback_secret"]
+
+    @admin.display(description="Page callback", ordering="callback_url")
+    def page_callback(self, page: Page) -> str:
+        return without_password(page.callback_url) or "-"
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """API tokens, each acting as its user. Only a hash is kept: a new token is shown once,
+    in the message after it is added; losing it means adding another."""
+
+    list_display = ["name", "user", "prefix", "created_at"]
+    list_select_related = ["user"]
+    search_fields = ["name", "user__username", "prefix"]
+    raw_id_fields = ["user"]
+    fields = ["user", "name", "prefix", "created_at"]
+    readonly_fields = ["prefix", "created_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A token's user is what it acts as: a saved token is never moved to another user.
+        return [*self.readonly_fields, "user"] if obj is not None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        token = new_token(obj)
+        super().save_model(request, obj, form, change)
+        messages.warning(
+            request, f"The new token, shown only this once: {token}", extra_tags="api-token"
+        )
 
 
 class LinkCheckInline(admin.TabularInline):
@@ -102,13 +140,19 @@ class AuditAdmin(admin.ModelAdmin):
         "finished_at",
         "link_checks_deadline",
         "error",
-        "callback_url",
+        "submitter",
+        "callback",
         "changes_table",
         "got_worse",
         "result_pretty",
     ]
-    # The callback secret is write-only: never shown, not even to staff.
-    exclude = ["result", "changes", "callback_secret"]
+    # The callback secret is write-only: never shown, not even to staff; the callback URL's
+    # password neither (only its submitter sees the rest through the API).
+    exclude = ["result", "changes", "callback_url", "callback_secret"]
+
+    @admin.display(description="Callback URL")
+    def callback(self, audit: Audit) -> str:
+        return without_password(audit.callback_url) or "-"
 
     @admin.display(description="URL", ordering="page__url")
     def page_url(self, audit: Audit) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
 
@@ -21,12 +22,31 @@ class PageQuerySet(models.QuerySet):
     def reaudited_nightly(self) -> PageQuerySet:
         return self.current().filter(reaudit_nightly=True)
 
+    def readable_by(self, user) -> PageQuerySet:
+        """The pages `user` may read, change and remove: its own; staff, every page."""
+        if user is None or not user.is_authenticated:
+            return self.none()
+        return self if user.is_staff else self.filter(owner=user)
+
 
 class Page(models.Model):
     """A URL Plumb knows about, stored normalized so each page is one row."""
 
     url = models.CharField(max_length=2048, unique=True)
     domain = models.CharField(max_length=255, db_index=True)
+    # The page's id in every URL and payload: random, so holding one is no hint of another
+    # (the integer primary key stays internal: foreign keys, the nightly slices).
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    # Who created it (a token's user, a staff login): only they, and staff, read, change or
+    # remove it through the API. None for an anonymous submission: staff manage those.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who created the page; empty for an anonymous submission (staff manage it).",
+    )
     # Off unless a staff user or an API token chose it (a trusted submission, PATCH, the
     # admin): an anonymous submission must not grow every night's work (DECISIONS.md).
     reaudit_nightly = models.BooleanField(
@@ -194,6 +214,16 @@ class Audit(models.Model):
     # The secret is write-only: never in API responses, admin pages or logs.
     callback_url = models.CharField(max_length=2048, blank=True)
     callback_secret = EncryptedSecretField(blank=True)
+    # Who submitted it (a token's user, a staff login); None for an anonymous submission
+    # and a nightly re-audit. Only the submitter is ever shown its callback URL.
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
+    )
 
     objects = AuditQuerySet.as_manager()
 
@@ -208,6 +238,8 @@ class Audit(models.Model):
             models.Index(fields=["status", "-created_at"], name="audit_status_created_idx"),
             models.Index(fields=["trigger", "-created_at"], name="audit_trigger_created_idx"),
             models.Index(fields=["page", "-created_at"], name="audit_page_created_idx"),
+            # A client's own audits, newest first (GET /api/audits).
+            models.Index(fields=["submitter", "-created_at"], name="audit_submitter_created_idx"),
             # A finish's lookup of the page's previous success: one probe, whatever the
             # planner's statistics say (DECISIONS.md, "An audit's previous success").
             models.Index(
@@ -340,3 +372,22 @@ class LinkCheck(models.Model):
         if not self.is_finished:
             entry["finished"] = False
         return entry
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API, acting as its user. Only its SHA-256 is kept: the token
+    is 32 random bytes, so a fast hash is as strong as a slow one and costs a request no
+    time; the token itself is shown once, when it is created (audits.api.auth)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100, help_text="What the token is for.")
+    # The token's first characters, so an operator can tell tokens apart.
+    prefix = models.CharField(max_length=16, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -25,13 +25,20 @@ _LATEST_AUDIT = Prefetch(
 
 
 def listed(
+    user,
     *,
     domain: str | None = None,
     reaudit_nightly: str | None = None,
     changed_since: datetime | None = None,
 ) -> QuerySet[Page]:
-    """Current pages by URL, each with its newest audit prefetched."""
-    pages = Page.objects.current().prefetch_related(_LATEST_AUDIT).order_by("url", "id")
+    """The current pages `user` may read (its own; staff, all), by URL, each with its
+    newest audit prefetched."""
+    pages = (
+        Page.objects.current()
+        .readable_by(user)
+        .prefetch_related(_LATEST_AUDIT)
+        .order_by("url", "id")
+    )
     if domain is not None:
         pages = pages.filter(domain=domain.strip().lower())
     if reaudit_nightly is not None:
@@ -39,6 +46,29 @@ def listed(
     if changed_since is not None:
         pages = pages.filter(last_changed_at__gte=changed_since)
     return pages
+
+
+def readable(user, public_id) -> Page | None:
+    """The current page of that public id if `user` may read it; None for a page that is
+    not there and one that is not theirs alike, so the answer says nothing of others'."""
+    return Page.objects.current().readable_by(user).filter(public_id=public_id).first()
+
+
+def audits_listed(user, **filters) -> QuerySet[Audit]:
+    """The audits `user` lists, newest first: those it submitted and those of its pages
+    (their nightly re-audits, others' audits of them); staff, all.
+
+    A union of the two, each read through its own index (the submitter's, the page's),
+    so a client's listing costs its own audits, not the table's.
+    """
+    audits = Audit.objects.select_related("page").filter(**filters)
+    if not user.is_staff:
+        audits = audits.order_by()  # the union is ordered, never its parts (SQLite refuses)
+        submitted = audits.filter(submitter=user)
+        its_pages = Page.objects.filter(owner=user).values("id")
+        others_of_its_pages = audits.filter(page__in=its_pages).exclude(submitter=user)
+        audits = submitted.union(others_of_its_pages, all=True)
+    return audits.order_by("-created_at", "-id")
 
 
 def with_latest_audit(page: Page) -> Page:
@@ -64,7 +94,7 @@ def update(page: Page, **fields) -> Page:
         log.info(
             "page.updated",
             extra={
-                "page_id": page.id,
+                "page_id": str(page.public_id),
                 "fields": sorted(changed),
                 "callback": bool(changed.get("callback_url", page.callback_url)),
             },
@@ -82,7 +112,7 @@ def remove(page: Page) -> bool:
         )
     )
     if removed:
-        log.info("page.removed", extra={"page_id": page.id})
+        log.info("page.removed", extra={"page_id": str(page.public_id)})
     return bool(removed)
 
 

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import logging
 from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -78,3 +79,13 @@ class EncryptedSecretField(models.TextField):
             return value.token
         value = super().get_prep_value(value)
         return encrypt(value) if value else value
+
+
+def without_password(url: str) -> str:
+    """The URL with the password of its user info shown as `***`: whoever may see a callback
+    URL sees where it goes and as which user, never its password (like its secret)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

@@ -17,26 +17,31 @@ from audits.tasks import enqueue_audit
 from outbound.urls import NormalizedURL
 
 
-def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False) -> Page:
+def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False, owner=None) -> Page:
     """The page of `target`, created if new: a lookup, and for a new page one upsert.
 
     The upsert (not get_or_create's savepoint, insert and release) keeps a submission
     to two statements here; two submissions racing to create one page both get its row.
     A page removed through the API comes back (with its history) as a new page would:
-    listed, re-audited as `reaudit_nightly` says. An existing page keeps its choice.
+    listed, re-audited as `reaudit_nightly` says, owned by `owner`: its previous owner
+    let it go. An existing page keeps its choice and its owner (None: anonymous, staff's).
     """
     page = Page.objects.filter(url=target.url).first()
     if page is None:
         # On a conflict (another submission created it meanwhile) the row stays as
         # written, the domain following from the URL, and its id comes back.
         (page,) = Page.objects.bulk_create(
-            [Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly)],
+            [Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly,
+                  owner=owner)],
             update_conflicts=True, unique_fields=["url"], update_fields=["domain"],
         )  # fmt: skip
+        # The upsert returns only the primary key: after a conflict the row's public id and
+        # owner are the winner's, not the ones written here.
+        page.refresh_from_db(fields=["public_id", "owner"])
         return page
     if page.removed_at is not None:
         Page.objects.filter(id=page.id, removed_at__isnull=False).update(
-            removed_at=None, reaudit_nightly=reaudit_nightly
+            removed_at=None, reaudit_nightly=reaudit_nightly, owner=owner
         )
         page.refresh_from_db()
     return page
@@ -48,21 +53,26 @@ def submit_audit(
     callback_url: str = "",
     callback_secret: str = "",
     trusted: bool = False,
+    submitter=None,
 ) -> Audit:
     """Create the page (if new) and a queued audit, and enqueue it once committed.
 
     With a callback URL the finished audit is POSTed there (webhooks app). A new page
     joins the nightly re-audit only when a `trusted` caller (a staff user, an API token)
     submitted it and REAUDIT_NEW_PAGES is on: anyone may submit, and an anonymous
-    submission's cost ends with its audit.
+    submission's cost ends with its audit. The `submitter` (a user, None when anonymous)
+    owns a page it creates, and is the only one ever shown the audit's callback URL.
     """
     with transaction.atomic():
-        page = get_or_create_page(target, reaudit_nightly=trusted and settings.REAUDIT_NEW_PAGES)
+        page = get_or_create_page(
+            target, reaudit_nightly=trusted and settings.REAUDIT_NEW_PAGES, owner=submitter
+        )
         audit, _ = create_and_enqueue_audit(
             page,
             trigger=Audit.Trigger.SUBMITTED,
             callback_url=callback_url,
             callback_secret=callback_secret,
+            submitter=submitter,
         )
     return audit
 
@@ -74,6 +84,7 @@ def create_and_enqueue_audit(
     idempotency_key: str | None = None,
     callback_url: str = "",
     callback_secret: str = "",
+    submitter=None,
 ) -> tuple[Audit, bool]:
     """Create a queued audit of `page` and enqueue it on commit; (audit, created).
 
@@ -88,6 +99,7 @@ def create_and_enqueue_audit(
         task_id=str(uuid.uuid4()),
         callback_url=callback_url,
         callback_secret=callback_secret,
+        submitter=submitter,
     )
     if idempotency_key is None:
         audit.save(force_insert=True)  # nothing to collide with: no savepoint

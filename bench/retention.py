@@ -159,12 +159,13 @@ def insert_pages(cursor, pages: int) -> None:
     cursor.execute(
         """
         INSERT INTO audits_page (url, domain, reaudit_nightly, created_at, callback_url,
-                                 callback_secret)
+                                 callback_secret, public_id)
         SELECT 'https://www.site' || (n %% %(domains)s) || '.example/articles/'
                    || substr(md5(n::text), 1, 16) || '-' || n,
                'www.site' || (n %% %(domains)s) || '.example', true, %(at)s,
                CASE WHEN n %% 20 = 0 THEN 'https://hooks.example/plumb/' || n ELSE '' END,
-               CASE WHEN n %% 20 = 0 THEN md5(n::text) ELSE '' END
+               CASE WHEN n %% 20 = 0 THEN md5(n::text) ELSE '' END,
+               gen_random_uuid()
         FROM generate_series(1, %(pages)s) n
         """,
         {"pages": pages, "domains": DOMAINS, "at": FIRST_NIGHT - timedelta(days=1)},

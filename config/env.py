@@ -72,6 +72,24 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_named_secrets(name: str) -> dict[str, str]:
+    """`name:secret,name:secret` as {name: secret}; a bare secret (the old form) or a
+    repeated name fails with the variable's name, never echoing a secret."""
+    named: dict[str, str] = {}
+    for position, item in enumerate(env_list(name, []), start=1):
+        label, colon, secret = item.partition(":")
+        label, secret = label.strip(), secret.strip()
+        if not colon or not label or not secret:
+            raise ImproperlyConfigured(
+                f"{name}: entry {position} is not name:secret. Each entry names the user the "
+                "secret acts as (e.g. ci:<secret>); a bare secret has no identity."
+            )
+        if label in named:
+            raise ImproperlyConfigured(f"{name}: the name {label!r} appears twice")
+        named[label] = secret
+    return named
+
+
 def database_config(url: str, **options) -> dict:
     """Django's DATABASES entry for a DATABASE_URL, multi-host ones included.
 

@@ -15,7 +15,15 @@ from urllib.parse import urlsplit
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import database_config, env_bool, env_float, env_int, env_list, env_str
+from config.env import (
+    database_config,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_named_secrets,
+    env_str,
+)
 from config.secret_files import kept_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -173,7 +181,12 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 
 # --- HTTP API -----------------------------------------------------------------
-API_TOKENS = env_list("API_TOKENS", [])
+# {user name: token}: each token acts as the Django user of that name (created on first
+# use). Tokens made in the admin (audits.ApiToken, stored hashed) work alongside them.
+API_TOKENS = env_named_secrets("API_TOKENS")
+# Every API call needs a token (or a staff login), also when API_TOKENS is empty and the
+# tokens are the admin's only. API_TOKENS set implies it.
+API_REQUIRE_TOKEN = env_bool("API_REQUIRE_TOKEN", False)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 16 * 1024, minimum=256)
 # Django enforces this when the body is read; the API turns it into a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES

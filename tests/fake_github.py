@@ -3,8 +3,12 @@
 `FakeGitHub` serves, on 127.0.0.1:
 - POST /app/installations/<id>/access_tokens (App JWT, verified with the App's public
   key): mints an installation token and counts the mints;
-- GET /repos/<owner>/<repo> (REST, `core`);
-- POST /graphql, the `repository(owner:, name:)` query (`graphql`).
+- GET /repos/<owner>/<repo> (REST, `core`): a repository's `private` and `archived`, and
+  for a renamed one (`renamed`: old name to new) a 301 to GET /repositories/<id>;
+- POST /graphql, the `repository(owner:, name:)` query (`graphql`), following renames
+  as GitHub's does, with `isPrivate`.
+Every credential here sees every repository, private ones included, as a token with the
+`repo` scope (or an App installed on all of an owner's repositories) would.
 Every credential has real primary buckets per resource (`x-ratelimit-*` headers on
 every answer, 403 once spent, GraphQL answering 200 with a RATE_LIMITED error), a
 secondary limit can be switched on (403 with Retry-After: 60), and every request is
@@ -77,6 +81,7 @@ class FakeGitHubState:
     public_key: str
     installation_id: str
     repositories: dict[str, dict]
+    renamed: dict[str, str] = field(default_factory=dict)  # old full name -> new (lowercase)
     personal_tokens: set[str] = field(default_factory=set)
     limit: int = 5000
     window: float = 3600.0
@@ -91,6 +96,7 @@ class FakeGitHubState:
 
 
 REPO_PATH = re.compile(r"^/repos/([^/]+)/([^/]+)$")
+REPO_BY_ID_PATH = re.compile(r"^/repositories/([0-9]+)$")
 MINT_PATH = re.compile(r"^/app/installations/([^/]+)/access_tokens$")
 
 
@@ -121,6 +127,8 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
             return self._send(401, {"message": "Bad credentials"}, path=path, method=method)
         if method == "GET" and (match := REPO_PATH.match(path)):
             return self._rest_repository(identity, method, path, *match.groups())
+        if method == "GET" and (match := REPO_BY_ID_PATH.match(path)):
+            return self._rest_repository_by_id(identity, method, path, int(match.group(1)))
         if method == "POST" and path == "/graphql":
             return self._graphql(identity, method, path, json.loads(body or b"{}"))
         return self._send(404, {"message": "Not Found"}, path=path, method=method)
@@ -220,13 +228,37 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
     def _rest_repository(self, identity, method, path, owner, name):
         if self._spend(identity, "core", method, path):
             return
-        repository = self.state.repositories.get(f"{owner}/{name}".lower())
+        key = f"{owner}/{name}".lower()
+        if key in self.state.renamed:
+            moved_to = f"{self.server.url}/repositories/{self._id_of(self.state.renamed[key])}"
+            return self._send(
+                301, {"message": "Moved Permanently", "url": moved_to},
+                identity=identity, resource="core", path=path, method=method,
+                extra={"Location": moved_to},
+            )  # fmt: skip
+        self._repository_answer(self.state.repositories.get(key), identity, method, path)
+
+    def _id_of(self, full_name: str) -> int:
+        return list(self.state.repositories).index(full_name.lower()) + 1
+
+    def _rest_repository_by_id(self, identity, method, path, repository_id):
+        if self._spend(identity, "core", method, path):
+            return
+        names = list(self.state.repositories)
+        repository = (
+            self.state.repositories[names[repository_id - 1]]
+            if 0 < repository_id <= len(names) else None
+        )  # fmt: skip
+        self._repository_answer(repository, identity, method, path)
+
+    def _repository_answer(self, repository, identity, method, path):
         if repository is None:
             return self._send(404, {"message": "Not Found"}, identity=identity, resource="core",
                               path=path, method=method)  # fmt: skip
         self._send(
             200,
             {"full_name": repository["full_name"], "archived": repository.get("archived", False),
+             "private": repository.get("private", False),
              "html_url": f"https://github.com/{repository['full_name']}"},
             identity=identity, resource="core", path=path, method=method,
         )  # fmt: skip
@@ -236,7 +268,7 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
             return
         variables = body.get("variables") or {}
         key = f"{variables.get('owner')}/{variables.get('name')}".lower()
-        repository = self.state.repositories.get(key)
+        repository = self.state.repositories.get(self.state.renamed.get(key, key))
         if repository is None:
             payload = {"data": {"repository": None},
                        "errors": [{"type": "NOT_FOUND", "message": "Could not resolve"}]}  # fmt: skip
@@ -244,7 +276,8 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
             payload = {"data": {"repository": {
                 "nameWithOwner": repository["full_name"],
                 "url": f"https://github.com/{repository['full_name']}",
-                "isArchived": repository.get("archived", False)}}}  # fmt: skip
+                "isArchived": repository.get("archived", False),
+                "isPrivate": repository.get("private", False)}}}  # fmt: skip
         self._send(200, payload, identity=identity, resource="graphql", path=path, method=method)
 
     def _send(self, status, payload, *, path, method, identity="", resource="", extra=None):

@@ -42,7 +42,7 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
         "id", "url", "page", "status", "trigger", "attempts", "created_at", "started_at",
         "finished_at", "result", "changes", "got_worse", "error", "callback_url", "links",
     }  # fmt: skip
-    assert body["page"] == Page.objects.get().id
+    assert body["page"] == str(Page.objects.get().public_id)
     assert body["changes"] is None and body["got_worse"] is False
     assert len(callbacks) == 1  # the enqueue waits for the commit
     # Anyone may submit: an anonymous submission's cost ends with its audit.
@@ -52,16 +52,16 @@ def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callb
 def test_only_a_trusted_caller_enrols_a_new_page_in_the_nightly_reaudit(api, staff_api, settings):
     settings.REAUDIT_NEW_PAGES = True
     # Without API_TOKENS anyone submits; with them a submission needs a token.
-    settings.API_TOKENS = []
+    settings.API_TOKENS = {}
     assert post_json(api, {"url": "https://anonymous.example/"}).status_code == 202
     assert post_json(staff_api, {"url": "https://staff.example/"}).status_code == 202
-    settings.API_TOKENS = ["t0ken"]
+    settings.API_TOKENS = {"ci": "t0ken"}
     token = post_json(api, {"url": "https://token.example/"}, HTTP_AUTHORIZATION="Bearer t0ken")
     assert token.status_code == 202
     enrolled = dict(Page.objects.values_list("domain", "reaudit_nightly"))
     assert enrolled == {"anonymous.example": False, "staff.example": True, "token.example": True}
     # An anonymous submission of an enrolled page changes nothing.
-    settings.API_TOKENS = []
+    settings.API_TOKENS = {}
     assert post_json(api, {"url": "https://staff.example/"}).status_code == 202
     assert Page.objects.get(domain="staff.example").reaudit_nightly is True
 
@@ -184,7 +184,7 @@ def test_listing_audits_needs_a_staff_login_or_a_token(api):
 
 
 def test_with_api_tokens_set_every_audit_call_needs_one(api, settings):
-    settings.API_TOKENS = ["s3cret-token"]
+    settings.API_TOKENS = {"ci": "s3cret-token"}
     assert post_json(api, {"url": "https://example.org/"}).status_code == 401
     assert (
         post_json(
@@ -211,4 +211,4 @@ def test_an_audit_shows_what_changed_since_the_pages_previous_audit(api):
     )
     body = api.get(f"/api/audits/{audit.id}").json()
     assert body["changes"] == changes and body["got_worse"] is True
-    assert body["page"] == page.id
+    assert body["page"] == str(page.public_id)

@@ -19,7 +19,7 @@ SOURCE_DIRS = [
     "bench",
 ]
 READS = [
-    re.compile(r'env_(?:str|bool|int|float|list)\(\s*"([A-Z][A-Z0-9_]+)"'),
+    re.compile(r'env_(?:str|bool|int|float|list|named_secrets)\(\s*"([A-Z][A-Z0-9_]+)"'),
     re.compile(r'(?:environ|env)\.(?:get|setdefault)\(\s*"([A-Z][A-Z0-9_]+)"'),
     re.compile(r'environ\[\s*"([A-Z][A-Z0-9_]+)"\s*\]'),
 ]

@@ -41,7 +41,10 @@ def make_audit(page: Page, *, minutes_ago: int = 0, **fields) -> Audit:
 
 def patch(api, page: Page, body, **extra):
     return api.patch(
-        f"/api/pages/{page.id}", data=json.dumps(body), content_type="application/json", **extra
+        f"/api/pages/{page.public_id}",
+        data=json.dumps(body),
+        content_type="application/json",
+        **extra,
     )
 
 
@@ -57,14 +60,14 @@ def test_a_page_shows_its_settings_latest_audit_and_last_change(staff_api):
     body = staff_api.get("/api/pages").json()
     assert body["count"] == 1
     (listed,) = body["results"]
-    assert listed["id"] == page.id and listed["url"] == "https://example.org/"
+    assert listed["id"] == str(page.public_id) and listed["url"] == "https://example.org/"
     assert listed["domain"] == "example.org" and listed["reaudit_nightly"] is True
     assert listed["callback_url"] is None
     assert listed["latest_audit"]["id"] == str(latest.id)
     assert listed["latest_audit"]["status"] == "succeeded"
     assert listed["latest_audit"]["changes"] == changes
     assert listed["last_changed_at"] is not None
-    assert listed["links"]["self"].endswith(f"/api/pages/{page.id}")
+    assert listed["links"]["self"].endswith(f"/api/pages/{page.public_id}")
     assert set(listed) == {
         "id", "url", "domain", "reaudit_nightly", "callback_url", "latest_audit",
         "last_changed_at", "created_at", "links",
@@ -87,11 +90,11 @@ def test_pages_are_paginated_and_filtered_by_domain_reaudit_and_last_change(staf
     by_domain = staff_api.get("/api/pages?domain=A.example").json()
     assert [p["url"] for p in by_domain["results"]] == [f"https://a.example/{n}" for n in range(3)]
     not_nightly = staff_api.get("/api/pages?reaudit_nightly=false").json()["results"]
-    assert [p["id"] for p in not_nightly] == [quiet.id]
+    assert [p["id"] for p in not_nightly] == [str(quiet.public_id)]
     assert staff_api.get("/api/pages?reaudit_nightly=true").json()["count"] == 4
     since = (timezone.now() - timedelta(hours=1)).isoformat()
     recent = staff_api.get("/api/pages", {"changed_since": since}).json()["results"]
-    assert [p["id"] for p in recent] == [changed.id]
+    assert [p["id"] for p in recent] == [str(changed.public_id)]
 
 
 @pytest.mark.parametrize(
@@ -116,18 +119,28 @@ def test_a_page_lists_its_audits_newest_first_paginated(staff_api):
     audits = [make_audit(page, minutes_ago=10 - n) for n in range(3)]
     make_audit(make_page("https://example.org/other"))
 
-    body = staff_api.get(f"/api/pages/{page.id}?page_size=2").json()
-    assert body["id"] == page.id
+    body = staff_api.get(f"/api/pages/{page.public_id}?page_size=2").json()
+    assert body["id"] == str(page.public_id)
     assert body["latest_audit"]["id"] == str(audits[2].id)
     history = body["audits"]
     assert history["count"] == 3
     assert [a["id"] for a in history["results"]] == [str(audits[2].id), str(audits[1].id)]
-    assert history["results"][0]["page"] == page.id
+    assert history["results"][0]["page"] == str(page.public_id)
     older = staff_api.get(history["next"]).json()["audits"]
     assert [a["id"] for a in older["results"]] == [str(audits[0].id)]
 
 
-@pytest.mark.parametrize("page_id", ["424242", "nope", "-1", "0", "99999999999999999999999"])
+@pytest.mark.parametrize(
+    "page_id",
+    [
+        "424242",
+        "nope",
+        "-1",
+        "0",
+        "99999999999999999999999",
+        "0b6f4a4e-8d1c-4c39-9b5e-2f1f3c1d9a77",
+    ],
+)
 def test_an_unknown_page_is_a_json_404(staff_api, page_id):
     for response in (
         staff_api.get(f"/api/pages/{page_id}"),
@@ -143,9 +156,9 @@ def test_pages_need_a_token_or_a_staff_login(django_user_model, settings):
     anonymous = APIClient()
     for response in (
         anonymous.get("/api/pages"),
-        anonymous.get(f"/api/pages/{page.id}"),
+        anonymous.get(f"/api/pages/{page.public_id}"),
         patch(anonymous, page, {"reaudit_nightly": False}),
-        anonymous.delete(f"/api/pages/{page.id}"),
+        anonymous.delete(f"/api/pages/{page.public_id}"),
     ):
         assert response.status_code == 401
         assert response.json()["error"] == "not_authenticated"
@@ -160,9 +173,13 @@ def test_pages_need_a_token_or_a_staff_login(django_user_model, settings):
         "message": "This needs an API token or a staff login.",
     }
 
-    settings.API_TOKENS = ["s3cret-token"]
+    settings.API_TOKENS = {"ci": "s3cret-token"}
     token = APIClient()
     token.credentials(HTTP_AUTHORIZATION="Bearer s3cret-token")
+    # An anonymous submission's page is staff's to manage, not any token's.
+    assert token.get("/api/pages").json()["count"] == 0
+    assert patch(token, page, {"reaudit_nightly": False}).status_code == 404
+    Page.objects.filter(id=page.id).update(owner=django_user_model.objects.get(username="ci"))
     assert token.get("/api/pages").json()["count"] == 1
     assert patch(token, page, {"reaudit_nightly": False}).status_code == 200
     assert Page.objects.get().reaudit_nightly is False
@@ -187,7 +204,7 @@ def test_a_page_callback_is_set_shown_without_its_secret_and_removed(staff_api, 
     for shown in (
         response,
         staff_api.get("/api/pages"),
-        staff_api.get(f"/api/pages/{page.id}"),
+        staff_api.get(f"/api/pages/{page.public_id}"),
         admin_page,
         admin_client.get("/admin/audits/page/"),
     ):
@@ -228,9 +245,13 @@ def test_a_bad_update_names_the_field_and_changes_nothing(staff_api, body, field
 
 def test_a_malformed_or_oversized_update_is_refused_as_json(staff_api, settings):
     page = make_page("https://example.org/")
-    response = staff_api.patch(f"/api/pages/{page.id}", data="{", content_type="application/json")
+    response = staff_api.patch(
+        f"/api/pages/{page.public_id}", data="{", content_type="application/json"
+    )
     assert response.status_code == 400 and response.json()["error"] == "malformed_json"
-    response = staff_api.patch(f"/api/pages/{page.id}", data="x=1", content_type="text/plain")
+    response = staff_api.patch(
+        f"/api/pages/{page.public_id}", data="x=1", content_type="text/plain"
+    )
     assert response.status_code == 415 and response.json()["error"] == "unsupported_media_type"
     big = {"reaudit_nightly": False, "pad": "x" * settings.API_MAX_BODY_BYTES}
     assert patch(staff_api, page, big).status_code == 413
@@ -244,13 +265,13 @@ def test_deleting_a_page_stops_its_reaudits_and_keeps_its_history(staff_api, red
     kept = make_page("https://example.org/kept")
     audit = make_audit(page, status=Audit.Status.SUCCEEDED)
 
-    response = staff_api.delete(f"/api/pages/{page.id}")
+    response = staff_api.delete(f"/api/pages/{page.public_id}")
     assert response.status_code == 204 and response.content == b""
-    assert staff_api.get(f"/api/pages/{page.id}").status_code == 404
-    assert staff_api.delete(f"/api/pages/{page.id}").status_code == 404
-    assert [p["id"] for p in staff_api.get("/api/pages").json()["results"]] == [kept.id]
+    assert staff_api.get(f"/api/pages/{page.public_id}").status_code == 404
+    assert staff_api.delete(f"/api/pages/{page.public_id}").status_code == 404
+    assert [p["id"] for p in staff_api.get("/api/pages").json()["results"]] == [str(kept.public_id)]
     # Its audits stay readable by id, and the page callback is gone.
-    assert staff_api.get(f"/api/audits/{audit.id}").json()["page"] == page.id
+    assert staff_api.get(f"/api/audits/{audit.id}").json()["page"] == str(page.public_id)
     removed = Page.objects.get(id=page.id)
     assert (removed.reaudit_nightly, removed.callback_url, removed.callback_secret) == (
         False,
@@ -266,7 +287,7 @@ def test_deleting_a_page_stops_its_reaudits_and_keeps_its_history(staff_api, red
 def test_a_placement_made_before_the_delete_creates_no_audit(staff_api, redis_client):
     page = make_page("https://example.org/")
     reaudit.fan_out(DAY, night_tasks=NIGHT_TASKS, window_seconds=600, slice_seconds=600)
-    staff_api.delete(f"/api/pages/{page.id}")
+    staff_api.delete(f"/api/pages/{page.public_id}")
     assert reaudit.fire_placement(page.id, DAY) is None
     assert not Audit.objects.exists()
 
@@ -275,13 +296,13 @@ def test_a_removed_page_submitted_again_comes_back_with_its_history(staff_api, s
     settings.REAUDIT_NEW_PAGES = True
     page = make_page("https://example.org/")
     old = make_audit(page)
-    staff_api.delete(f"/api/pages/{page.id}")
+    staff_api.delete(f"/api/pages/{page.public_id}")
     response = staff_api.post(
         "/api/audits",
         data=json.dumps({"url": "https://example.org/"}),
         content_type="application/json",
     )
-    assert response.status_code == 202 and response.json()["page"] == page.id
-    body = staff_api.get(f"/api/pages/{page.id}").json()
+    assert response.status_code == 202 and response.json()["page"] == str(page.public_id)
+    body = staff_api.get(f"/api/pages/{page.public_id}").json()
     assert body["reaudit_nightly"] is True
     assert str(old.id) in [a["id"] for a in body["audits"]["results"]]

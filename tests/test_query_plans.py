@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits.models import Audit, Page
-from audits.pages import change_counts
+from audits.pages import audits_listed, change_counts
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
 from tests.reaudit_factories import DAY, make_pages
@@ -122,3 +122,25 @@ def test_the_pages_changed_and_worse_are_counted_from_their_own_indexes(statisti
         chosen = plan(queries, f'"audits_page"."{column}" >=')
         assert index in chosen, chosen  # an index scan of it: plain, bitmap or index-only
         assert "Seq Scan" not in chosen and "audits_audit" not in chosen, chosen
+
+
+def test_a_clients_audit_listing_reads_its_own_rows_by_index(django_user_model):
+    """On fresh statistics only: on a never-analyzed table PostgreSQL may walk the
+    created_at index for the page owner's half (DECISIONS.md, "Who sees what")."""
+    succeeded_audits_of_other_pages(4000)
+    client = django_user_model.objects.create_user("client")
+    own_page = Page.objects.create(url="http://127.0.0.1:9/own", domain="a.test", owner=client)
+    Audit.objects.create(page=own_page, task_id="reaudit", trigger=Audit.Trigger.REAUDIT)
+    other_page = Page.objects.filter(domain="other.test").first()
+    Audit.objects.create(page=other_page, task_id="submitted", submitter=client)
+    analyze("audits_audit", "audits_page")
+
+    with CaptureQueriesContext(connection) as queries:
+        listed = list(audits_listed(client)[:20])
+    assert [audit.task_id for audit in listed] == ["submitted", "reaudit"]
+    assert len(queries) == 1  # each audit's page came with it
+    chosen = plan(queries, "UNION")
+    assert "audit_submitter_created_idx" in chosen, chosen
+    assert "audit_page_created_idx" in chosen, chosen
+    assert "Seq Scan on audits_audit" not in chosen, chosen
+    assert "audits_audit_created_at" not in chosen, chosen  # no walk of every audit

@@ -20,6 +20,7 @@ from tests.webhook_helpers import SECRET
 from tests.workers import ROOT
 
 TOKEN = "schema-test-token"
+TOKEN_USER = "schema"
 
 
 @pytest.fixture
@@ -32,10 +33,11 @@ def open_admission(settings):
 
 
 @pytest.fixture
-def audited_page():
-    """A page with a callback and a succeeded audit that found changes, so reading it checks
-    a full response against the schema."""
+def audited_page(django_user_model):
+    """A page of the token's user with a callback and a succeeded audit that found changes,
+    so reading it checks a full response against the schema."""
     page = Page.objects.create(
+        owner=django_user_model.objects.create_user(TOKEN_USER),
         url="https://example.org/",
         domain="example.org",
         callback_url="https://hooks.example.org/plumb",
@@ -76,7 +78,7 @@ def schemathesis(live_server, workdir, *options: str) -> subprocess.CompletedPro
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("tokens", [[TOKEN], []], ids=["with-a-token", "open"])
+@pytest.mark.parametrize("tokens", [{TOKEN_USER: TOKEN}, {}], ids=["with-a-token", "open"])
 def test_schemathesis_finds_no_failure(
     tokens, live_server, settings, open_admission, audited_page, redis_client, tmp_path
 ):
@@ -93,7 +95,7 @@ def test_schemathesis_finds_no_failure(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("tokens", [[], [TOKEN]])
+@pytest.mark.parametrize("tokens", [{}, {TOKEN_USER: TOKEN}])
 def test_each_operation_documents_its_errors_and_its_real_security(settings, tokens):
     """Without API_TOKENS, submitting, reading an audit and the queue are open (`{}`), the
     rest needs a token or a staff login; with them, everything does."""

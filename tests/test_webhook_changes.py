@@ -75,7 +75,7 @@ def test_a_nightly_reaudit_that_found_a_change_is_posted_to_the_page_callback_si
     assert payload["type"] == "audit.changed"
     assert payload["data"]["id"] == str(changed.id)
     assert payload["data"]["trigger"] == "reaudit"
-    assert payload["data"]["page"] == page.id
+    assert payload["data"]["page"] == str(page.public_id)
     assert payload["data"]["changes"] == [
         {"field": "title", "before": "Home", "after": "Home, renamed"}
     ]

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from audits.secrets import without_password
 from webhooks import tasks
 from webhooks.models import Delivery
 
@@ -9,7 +10,7 @@ class DeliveryAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "event",
-        "url",
+        "destination",
         "audit_link",
         "status",
         "attempts",
@@ -28,7 +29,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "webhook_id",
         "audit",
         "event",
-        "url",
+        "destination",
         "status",
         "attempts",
         "task_id",
@@ -39,7 +40,13 @@ class DeliveryAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     ]
+    # The URL's password is the submitter's: staff see where a delivery goes, not that.
+    exclude = ["url"]
     actions = ["redeliver"]
+
+    @admin.display(description="URL", ordering="url")
+    def destination(self, delivery: Delivery) -> str:
+        return without_password(delivery.url)
 
     @admin.display(description="Audit", ordering="audit__created_at")
     def audit_link(self, delivery: Delivery) -> str:

@@ -4,6 +4,8 @@ import uuid
 
 from django.db import models
 
+from audits.secrets import without_password
+
 
 class Delivery(models.Model):
     """One event about an audit POSTed to a callback URL, over as many attempts as it takes.
@@ -50,7 +52,7 @@ class Delivery(models.Model):
         indexes = [models.Index(fields=["status", "-created_at"], name="delivery_status_idx")]
 
     def __str__(self) -> str:
-        return f"{self.url} ({self.status})"
+        return f"{without_password(self.url)} ({self.status})"
 
     @property
     def webhook_id(self) -> str:

@@ -8,7 +8,7 @@
   and carry `Retry-After`.
 - Security follows the permission classes: an operation lists `{}` (no credentials)
   exactly when its permissions let an anonymous caller through with the settings the
-  schema is served under (API_TOKENS).
+  schema is served under (API_TOKENS, API_REQUIRE_TOKEN).
 - Links: a created audit leads to itself and to its page, a page to its update and removal.
 """
 
@@ -24,7 +24,7 @@ ERROR_DESCRIPTIONS = {
     "JSON). Nothing was written.",
     401: "No valid credentials: send `Authorization: Bearer <token>` (or log in as staff).",
     403: "Not allowed: a login that is not staff, or a session request without its CSRF token.",
-    404: "No such resource (or no such page of results).",
+    404: "No such resource, or not yours (another client's page), or no such page of results.",
     413: "The body is larger than API_MAX_BODY_BYTES.",
     415: "The body is not `application/json`.",
     429: "Too many submissions from this address; try again after `Retry-After` seconds.",
@@ -84,7 +84,8 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "One of the tokens in API_TOKENS.",
+            "description": "A token from API_TOKENS (`name:secret`: the secret) or one made "
+            "in the admin; it acts as its user, who owns the pages it creates.",
         }
 
 

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from audits.changes import FIELDS as CHANGE_FIELDS
 from audits.models import Audit, Page
+from audits.secrets import without_password
 from outbound.integrations.webhook import validate_secret
 from outbound.urls import (
     MAX_HOST_LENGTH,
@@ -188,10 +189,27 @@ class BuiltOnceModelSerializer(serializers.ModelSerializer):
         return copy.deepcopy(built)
 
 
+def viewer(context: dict):
+    """The authenticated user the response is for, or None (anonymous, or no request)."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    return user if user is not None and user.is_authenticated else None
+
+
+CALLBACK_URL_SCHEMA = {"type": ["string", "null"], "format": "uri"}
+
+
 class AuditSerializer(BuiltOnceModelSerializer):
     url = serializers.CharField(source="page.url", read_only=True)
     result = ResultField(read_only=True)
-    page = serializers.IntegerField(source="page_id", read_only=True, help_text="The page's id.")
+    page = serializers.UUIDField(
+        source="page.public_id", read_only=True, help_text="The page's id."
+    )
+    callback_url = serializers.SerializerMethodField(
+        help_text="Where the finished audit is POSTed, its password shown as `***`: only to "
+        "its submitter (the submission's own answer, and later the same token or login); "
+        "null for anyone else, and without a callback."
+    )
     changes = ChangeSerializer(
         many=True,
         read_only=True,
@@ -221,6 +239,18 @@ class AuditSerializer(BuiltOnceModelSerializer):
             "links",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(CALLBACK_URL_SCHEMA)
+    def get_callback_url(self, audit: Audit) -> str | None:
+        if not audit.callback_url:
+            return None
+        # The submission's own answer goes to its submitter, anonymous or not.
+        submitter = self.context.get("submitted") or (
+            audit.submitter_id is not None
+            and (user := viewer(self.context)) is not None
+            and user.pk == audit.submitter_id
+        )
+        return without_password(audit.callback_url) if submitter else None
 
     @extend_schema_field(LinksSerializer)
     def get_links(self, audit: Audit) -> dict:
@@ -308,8 +338,10 @@ class LatestAuditSerializer(BuiltOnceModelSerializer):
 
 
 class PageSerializer(BuiltOnceModelSerializer):
+    id = serializers.UUIDField(source="public_id", read_only=True, help_text="The page's id.")
     callback_url = serializers.SerializerMethodField(
-        help_text="Where `audit.changed` is POSTed; null without a page callback."
+        help_text="Where `audit.changed` is POSTed, its password shown as `***`; null "
+        "without a page callback, and for staff reading another user's page."
     )
     latest_audit = serializers.SerializerMethodField(
         help_text="The page's newest audit, whatever its status; null before its first."
@@ -333,7 +365,13 @@ class PageSerializer(BuiltOnceModelSerializer):
 
     @extend_schema_field({"type": ["string", "null"], "format": "uri"})
     def get_callback_url(self, page: Page) -> str | None:
-        return page.callback_url or None
+        # The page's callback is its owner's; an anonymous page's, the staff's who set it.
+        user = viewer(self.context)
+        if not page.callback_url or user is None:
+            return None
+        if page.owner_id == user.pk or (page.owner_id is None and user.is_staff):
+            return without_password(page.callback_url)
+        return None
 
     @extend_schema_field(LatestAuditSerializer(allow_null=True))
     def get_latest_audit(self, page: Page) -> dict | None:
@@ -345,7 +383,7 @@ class PageSerializer(BuiltOnceModelSerializer):
 
     @extend_schema_field(LinksSerializer)
     def get_links(self, page: Page) -> dict:
-        return links_to(self.context, "page-detail", page_id=page.id)
+        return links_to(self.context, "page-detail", page_id=page.public_id)
 
 
 class PageListQuerySerializer(StrictSerializer):

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audits import admission, pages, submission
-from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly, is_trusted
+from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly, caller, is_trusted
 from audits.api.errors import ServiceUnavailable
 from audits.api.schema import error
 from audits.api.serializers import (
@@ -28,23 +28,19 @@ from audits.api.serializers import (
 )
 from audits.models import Audit, Page
 
-# Ids in a URL are parsed before any query: a value PostgreSQL's bigint cannot hold is
-# simply no page, never a database error.
-LARGEST_ID = 2**63 - 1
 
-
-def _is_uuid(value: str) -> bool:
+def _uuid_or_none(value: str) -> uuid.UUID | None:
     try:
-        uuid.UUID(value)
+        return uuid.UUID(value)
     except ValueError:
-        return False
-    return True
+        return None
 
 
-def _page_or_404(page_id: str) -> Page:
-    page = None
-    if page_id.isascii() and page_id.isdigit() and 0 < int(page_id) <= LARGEST_ID:
-        page = Page.objects.current().filter(id=int(page_id)).first()
+def _page_or_404(request, page_id: str) -> Page:
+    """The caller's page (staff: any page). Another's is 404 like a missing one, 403 would
+    say it exists."""
+    public_id = _uuid_or_none(page_id)
+    page = None if public_id is None else pages.readable(caller(request), public_id)
     if page is None:
         raise NotFound("No page with that id.")
     return page
@@ -101,8 +97,9 @@ class AuditCollectionView(APIView):
             callback_url=data.get("callback_url", ""),
             callback_secret=data.get("callback_secret", ""),
             trusted=is_trusted(request),
+            submitter=caller(request),
         )
-        body = AuditSerializer(audit, context={"request": request}).data
+        body = AuditSerializer(audit, context={"request": request, "submitted": True}).data
         return Response(
             body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["links"]["self"]}
         )
@@ -112,9 +109,7 @@ class AuditCollectionView(APIView):
         query = AuditListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         filters = {k: v for k, v in query.validated_data.items() if k in {"status", "trigger"}}
-        audits = (
-            Audit.objects.select_related("page").filter(**filters).order_by("-created_at", "-id")
-        )
+        audits = pages.audits_listed(request.user, **filters)
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(audits, request, view=self)
         return paginator.get_paginated_response(
@@ -126,10 +121,7 @@ AUDIT_ID = OpenApiParameter(
     "audit_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The audit's id."
 )
 PAGE_ID = OpenApiParameter(
-    "page_id",
-    {"type": "integer", "minimum": 1, "maximum": LARGEST_ID},
-    OpenApiParameter.PATH,
-    description="The page's id.",
+    "page_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The page's id."
 )
 
 
@@ -137,7 +129,7 @@ class AuditDetailView(APIView):
     @extend_schema(parameters=[AUDIT_ID], responses=AuditSerializer)
     def get(self, request, audit_id):
         audit = None
-        if _is_uuid(audit_id):
+        if _uuid_or_none(audit_id) is not None:
             audit = Audit.objects.select_related("page").filter(id=audit_id).first()
         if audit is None:
             raise NotFound("No audit with that id.")
@@ -173,7 +165,8 @@ class PageCollectionView(APIView):
         query = PageListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         listed = pages.listed(
-            **{k: v for k, v in query.validated_data.items() if k not in {"page", "page_size"}}
+            request.user,
+            **{k: v for k, v in query.validated_data.items() if k not in {"page", "page_size"}},
         )
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(listed, request, view=self)
@@ -187,7 +180,7 @@ class PageDetailView(APIView):
 
     @extend_schema(parameters=[PAGE_ID, PageHistoryQuerySerializer], responses=PageDetailSerializer)
     def get(self, request, page_id):
-        page = _page_or_404(page_id)
+        page = _page_or_404(request, page_id)
         query = PageHistoryQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         paginator = AuditPagination()
@@ -200,7 +193,7 @@ class PageDetailView(APIView):
 
     @extend_schema(parameters=[PAGE_ID], request=PageUpdateSerializer, responses=PageSerializer)
     def patch(self, request, page_id):
-        page = _page_or_404(page_id)
+        page = _page_or_404(request, page_id)
         update = PageUpdateSerializer(data=request.data)
         update.is_valid(raise_exception=True)
         page = pages.update(page, **update.validated_data)
@@ -208,5 +201,5 @@ class PageDetailView(APIView):
 
     @extend_schema(parameters=[PAGE_ID], responses={204: None})
     def delete(self, request, page_id):
-        pages.remove(_page_or_404(page_id))
+        pages.remove(_page_or_404(request, page_id))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -17,6 +17,12 @@ Calls go through the one client factory (so the SSRF guard holds for GITHUB_API_
 too) and the one sender, one call at a time per credential. Failures raise
 `jobs.errors`: Transient for a 5xx, 408, 425 or a broken body, Permanent for any
 other 4xx (a plain 403, a refused App JWT), RateLimited when the buckets must wait.
+
+A private repository is reported as GitHub shows it to a visitor without credentials:
+not found. The credential may see private repositories (a token with the `repo` scope,
+an App installed on them), and a link's outcome is shared by every client that lists
+it (audits.linkcheck): whoever submits a page must learn nothing a request to the same
+URL would not tell them, not a private repository's existence, nor whether it is archived.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ GRAPHQL_RESOURCE = "graphql"
 
 REPOSITORY_QUERY = """
 query($owner: String!, $name: String!) {
-  repository(owner: $owner, name: $name) { nameWithOwner url isArchived }
+  repository(owner: $owner, name: $name) { nameWithOwner url isArchived isPrivate }
 }
 """
 
@@ -290,15 +296,21 @@ class GitHubClient:
         response = self.request(
             "GET", f"/repos/{quote(owner, safe='')}/{quote(name, safe='')}", resource=REST_RESOURCE
         )
+        missing = RepositoryStatus(exists=False, full_name=f"{owner}/{name}")
         if response.status_code == 404:
-            return RepositoryStatus(exists=False, full_name=f"{owner}/{name}")
+            return missing
         if response.status_code in {301, 302, 307, 308}:
-            return RepositoryStatus(exists=True, full_name=f"{owner}/{name}", moved=True)
+            # A renamed repository: whether it is public is the new location's to say.
+            response = self._renamed_to(response)
+            if response is None or response.status_code == 404:
+                return missing
         if response.status_code != 200:
             raise unwanted_answer(
                 f"GET /repos/{owner}/{name} answered {response.status_code}", response
             )
         body = _parsed_body(f"GET /repos/{owner}/{name}", response)
+        if body.get("private") is not False:
+            return missing  # private (or not said): what a visitor without credentials sees
         full_name = body.get("full_name", "")
         return RepositoryStatus(
             exists=True,
@@ -307,6 +319,19 @@ class GitHubClient:
             url=body.get("html_url", ""),
             moved=full_name.lower() != f"{owner}/{name}".lower(),
         )
+
+    def _renamed_to(self, moved: httpx.Response) -> httpx.Response | None:
+        """The repository a rename points at (GitHub's `/repositories/<id>`), or None when
+        the answer names no location on this API."""
+        try:
+            location = str(_parsed_body("a rename", moved).get("url") or "")
+        except Transient:
+            location = ""
+        location = location or moved.headers.get("Location", "")
+        prefix = f"{self.credentials.api_url}/"
+        if not location.startswith(prefix):
+            return None
+        return self.request("GET", location[len(prefix) - 1 :], resource=REST_RESOURCE)
 
     def repository_via_graphql(self, owner: str, name: str) -> RepositoryStatus:
         response = self.request(
@@ -324,6 +349,8 @@ class GitHubClient:
             if "NOT_FOUND" in types:
                 return RepositoryStatus(exists=False, full_name=f"{owner}/{name}", via="graphql")
             raise Transient(f"GraphQL answered no repository: {sorted(map(str, types))}")
+        if repository.get("isPrivate") is not False:
+            return RepositoryStatus(exists=False, full_name=f"{owner}/{name}", via="graphql")
         full_name = repository.get("nameWithOwner", "")
         return RepositoryStatus(
             exists=True,

@@ -1,12 +1,19 @@
-"""Submit every page of the bundled demo site through the public API."""
+"""Submit every page of the bundled demo site through the public API.
+
+With API_TOKENS set (or API_REQUIRE_TOKEN on) the submissions carry a token: the first of
+API_TOKENS, else one issued to a `demo` user, so the demo pages have an owner.
+"""
 
 from __future__ import annotations
 
 import time
 
 import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError
 
+from audits.api.auth import issue_token, tokens_required
 from devstack.demo_site import DEMO_PATHS
 
 
@@ -22,7 +29,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, api: str, site: str, wait: float, **options):
         deadline = time.monotonic() + wait
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=5, headers=self._authorization()) as client:
             for url in (f"{api}/healthz", f"{site}/"):
                 while True:
                     try:
@@ -39,3 +46,13 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"demo: submitted {site}{path} -> {response.status_code} {body.get('links', body)}"
                 )
+
+    def _authorization(self) -> dict[str, str]:
+        if not tokens_required():
+            return {}
+        if settings.API_TOKENS:
+            token = next(iter(settings.API_TOKENS.values()))
+        else:
+            user, _ = get_user_model().objects.get_or_create(username="demo")
+            _, token = issue_token(user, "make demo")
+        return {"Authorization": f"Bearer {token}"}
