@@ -8,14 +8,14 @@ workers, `DEBUG=false`) on a free port of 127.0.0.1, against a private Redis and
 SQLite file. Then, per scenario, it opens `--clients` sockets that each declare a
 `POST /api/audits` body, send most of it, and stall:
 
-- "declared over the cap": the security review's finding, 1,039,000 bytes of a declared
-  1,040,000 (`--declared`);
-- "within the cap": the worst a client can still do, a body of exactly
-  `API_MAX_BODY_BYTES` (the web's cap) declared, all but one byte of it sent.
+- "the finding": the security review's, 1,039,000 bytes of a declared 1,040,000
+  (`--declared`);
+- "at the cap": the worst a client can still do, a body of exactly `API_MAX_BODY_BYTES`
+  (the web's cap) declared, all but one byte of it sent.
 
-It samples the web workers' RSS (summed over the workers, and the largest) before, at its
-peak (sampled every 50 ms from the first socket to the last one's close) and 5 s after the
-client closed every socket; `--rounds` repeats the scenarios, so memory that is never
+It samples the web workers' RSS (summed over the workers) before, every 50 ms from the
+first socket to the last one's close (the peak, and the median while they stall), and 5 s
+after the client closed every socket; `--rounds` repeats the scenarios, so memory that is never
 given back shows as growth from one round to the next. While the sockets stall it sends a
 `GET /healthz` and a `POST /api/audits` every 0.5 s (each on a new connection), counting
 those that answered within 1 s. For each stalled socket it records when the server answered
@@ -32,6 +32,7 @@ import os
 import resource
 import selectors
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -163,29 +164,29 @@ def probe(base: str) -> tuple[float | None, float | None]:
     return results[0], results[1]
 
 
-class PeakRss(threading.Thread):
-    """Samples the workers' RSS every 50 ms; keeps the largest sum seen."""
+class RssSamples(threading.Thread):
+    """The workers' RSS summed, every 50 ms, by phase ("sending", then "stalled")."""
 
     def __init__(self, master: psutil.Process):
         super().__init__(daemon=True)
-        self.master, self.stop, self.peak = master, threading.Event(), worker_rss(master)
+        self.master, self.stop = master, threading.Event()
+        self.phase, self.samples = "sending", {"sending": [], "stalled": []}
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            sizes = worker_rss(self.master)
-            if sum(sizes) > sum(self.peak):
-                self.peak = sizes
+            self.samples[self.phase].append(sum(worker_rss(self.master)))
 
 
 def scenario(name: str, base: str, port: int, master: psutil.Process, args, declared: int,
              sent: int) -> None:  # fmt: skip
     time.sleep(2)
     before = worker_rss(master)
-    sampler = PeakRss(master)
+    sampler = RssSamples(master)
     sampler.start()
     stalled = [Stalled(port, declared, sent) for _ in range(args.clients)]
     with ThreadPoolExecutor(max_workers=32) as pool:
         list(pool.map(Stalled.open, stalled))
+    sampler.phase = "stalled"
     started = time.monotonic()
     stop = threading.Event()
     watcher = threading.Thread(target=watch, args=(stalled, started, stop), daemon=True)
@@ -200,7 +201,6 @@ def scenario(name: str, base: str, port: int, master: psutil.Process, args, decl
         client.close()
     sampler.stop.set()
     sampler.join()
-    peak = sampler.peak
     time.sleep(5)
     after = worker_rss(master)
 
@@ -216,9 +216,11 @@ def scenario(name: str, base: str, port: int, master: psutil.Process, args, decl
     ended = sorted(c.ended_after for c in stalled if c.ended_after is not None)
     print(f"\n{name}: {args.clients} sockets, {sent:,} bytes sent of {declared:,} declared, "
           f"held {args.hold:.0f} s")  # fmt: skip
-    print(f"  web workers' RSS  before {mib(sum(before))} (largest {mib(max(before))})"
-          f"  peak {mib(sum(peak))} (largest {mib(max(peak))})"
-          f"  5 s after close {mib(sum(after))} (largest {mib(max(after))})")  # fmt: skip
+    peak = max(sampler.samples["sending"] + sampler.samples["stalled"])
+    held = statistics.median(sampler.samples["stalled"])
+    print(f"  web workers' RSS  before {mib(sum(before))}  peak {mib(peak)}"
+          f"  median while stalled {mib(held)}  5 s after close {mib(sum(after))}"
+          f"  (largest worker: before {mib(max(before))}, after {mib(max(after))})")  # fmt: skip
     print(f"  stalled sockets by outcome: {statuses}"
           + (f"; the server ended them {ended[0]:.1f}-{ended[-1]:.1f} s after the last was opened"
              if ended else ""))  # fmt: skip
@@ -274,8 +276,8 @@ def main() -> None:
                   f" WEB_BODY_READ_TIMEOUT_SECONDS {getattr(settings, 'WEB_BODY_READ_TIMEOUT_SECONDS', None)},"
                   f" file descriptors {limit}")  # fmt: skip
             scenarios = {
-                "declared over the cap": (args.declared, args.declared - 1000),
-                "within the cap": (cap, cap - 1),
+                "the finding": (args.declared, args.declared - 1000),
+                "at the cap": (cap, cap - 1),
             }
             for round_ in range(1, args.rounds + 1):
                 for name, (declared, sent) in scenarios.items():
