@@ -7,8 +7,9 @@ down (BENCHMARKS.md, "Slow clients"). Django's views stay synchronous.
 Django's ASGI handler reads a whole body into a temporary file before any view or
 setting looks at it, however large, and gunicorn only gives up on a body after 30 s
 without a byte. `BoundedBody` reads the body first: at most `API_MAX_BODY_BYTES` (no
-request Plumb serves needs more), within `WEB_BODY_READ_TIMEOUT_SECONDS`, so a stalled or
-endless upload costs one small buffer for a few seconds (BENCHMARKS.md, "Stalled bodies").
+request Plumb serves needs more), within `WEB_BODY_READ_TIMEOUT_SECONDS`, so a stalled
+or endless upload costs one small buffer for a few seconds (BENCHMARKS.md, "Stalled
+request bodies"; DECISIONS.md says what a WSGI server would need instead).
 """
 
 from __future__ import annotations
