@@ -112,6 +112,12 @@ def test_stalled_bodies_are_cut_off_at_the_deadline_and_the_web_keeps_answering(
             sock.sendall(post_headers(cap) + b"x" * (cap - 1))
             stalled.append(sock)
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        # A whole body still reaches the API meanwhile (which says `[]` is no object).
+        submission = httpx.post(
+            f"{base}/api/audits", content=b"[]", headers={"Content-Type": "application/json"},
+            timeout=10,
+        )  # fmt: skip
+        assert submission.status_code == 400, submission.text
         selector = selectors.DefaultSelector()
         for sock in stalled:
             selector.register(sock, selectors.EVENT_READ)
