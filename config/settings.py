@@ -187,9 +187,15 @@ API_TOKENS = env_named_secrets("API_TOKENS")
 # Every API call needs a token (or a staff login), also when API_TOKENS is empty and the
 # tokens are the admin's only. API_TOKENS set implies it.
 API_REQUIRE_TOKEN = env_bool("API_REQUIRE_TOKEN", False)
+# The largest request body the web process reads at all (config.asgi answers 413 past
+# it, before Django sees the request): a submission is a small JSON, and no form of the
+# admin comes near it. Django's own limit is the same, for a server without config.asgi.
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 16 * 1024, minimum=256)
-# Django enforces this when the body is read; the API turns it into a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# A request body must have arrived in full this long after its headers, or the web
+# answers 408 and closes the connection (config.asgi): a stalled upload holds a socket
+# and at most API_MAX_BODY_BYTES for this long, never longer.
+WEB_BODY_READ_TIMEOUT_SECONDS = env_float("WEB_BODY_READ_TIMEOUT_SECONDS", 5.0, minimum=0.1)
 
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -611,11 +617,6 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # The address axes counts is the one the admission buckets use (TRUSTED_PROXY_COUNT).
 AXES_CLIENT_IP_CALLABLE = "audits.admission.client_address"
-# Django's ASGI handler spools a whole body to disk before anything checks its size;
-# config.asgi refuses one over this first (Django's own limit, DATA_UPLOAD_MAX_MEMORY_SIZE,
-# still answers the API's JSON 413 below it).
-ASGI_MAX_BODY_BYTES = env_int("ASGI_MAX_BODY_BYTES", max(1024 * 1024, 4 * API_MAX_BODY_BYTES),
-                              minimum=API_MAX_BODY_BYTES)  # fmt: skip
 # Callback secrets are encrypted at rest (audits.secrets): comma-separated Fernet keys,
 # the first encrypts, every one decrypts (rotation: put the new key first, run
 # `manage.py rotate_callback_secrets`, then drop the old). Empty: one key derived from
