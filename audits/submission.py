@@ -48,13 +48,15 @@ def submit_audit(
     callback_url: str = "",
     callback_secret: str = "",
     trusted: bool = False,
+    client: str = "",
 ) -> Audit:
     """Create the page (if new) and a queued audit, and enqueue it once committed.
 
     With a callback URL the finished audit is POSTed there (webhooks app). A new page
     joins the nightly re-audit only when a `trusted` caller (a staff user, an API token)
     submitted it and REAUDIT_NEW_PAGES is on: anyone may submit, and an anonymous
-    submission's cost ends with its audit.
+    submission's cost ends with its audit. `client` (audits.admission.client_key) is who
+    the audit counts against until it finishes.
     """
     with transaction.atomic():
         page = get_or_create_page(target, reaudit_nightly=trusted and settings.REAUDIT_NEW_PAGES)
@@ -63,6 +65,7 @@ def submit_audit(
             trigger=Audit.Trigger.SUBMITTED,
             callback_url=callback_url,
             callback_secret=callback_secret,
+            client=client,
         )
     return audit
 
@@ -74,6 +77,7 @@ def create_and_enqueue_audit(
     idempotency_key: str | None = None,
     callback_url: str = "",
     callback_secret: str = "",
+    client: str = "",
 ) -> tuple[Audit, bool]:
     """Create a queued audit of `page` and enqueue it on commit; (audit, created).
 
@@ -88,6 +92,7 @@ def create_and_enqueue_audit(
         task_id=str(uuid.uuid4()),
         callback_url=callback_url,
         callback_secret=callback_secret,
+        client=client,
     )
     if idempotency_key is None:
         audit.save(force_insert=True)  # nothing to collide with: no savepoint
