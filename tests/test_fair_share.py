@@ -157,3 +157,50 @@ def test_a_page_of_many_slow_links_does_not_push_another_clients_link_past_its_d
     finally:
         for server in (slow, fast, greedy_page, other_page):
             server.stop()
+
+
+def test_a_page_of_many_github_links_does_not_take_another_clients_turn_at_github(
+    start_worker, fake_github, settings
+):
+    # One credential, one call at a time (GitHub's advice), half a second a call: the
+    # greedy page's thirty repositories are 15 s of GitHub's time.
+    fake_github.state.answer_delay = 0.5
+    for n in range(40):
+        fake_github.state.repositories[f"plumb/many{n}"] = {"full_name": f"plumb/many{n}"}
+    greedy_page = LinkedPage([f"https://github.com/plumb/many{n}" for n in range(30)]).start()
+    other_page = LinkedPage(["https://github.com/plumb/repo0"]).start()
+    deadline = 10
+    try:
+        start_worker(
+            "audits",
+            concurrency=4,
+            pool="threads",
+            env={
+                **fake_github.worker_env,
+                "AUDIT_LINKCHECK_DEADLINE_SECONDS": str(deadline),
+                "LINKCHECK_PER_CLIENT_CONCURRENCY": "2",
+                "DELAYED_POLL_INTERVAL_SECONDS": "0.1",
+            },
+        )
+        greedy = submission.submit_audit(
+            normalize_url(f"{greedy_page.url}/"), client="ip:192.0.2.1"
+        )
+        wait_for(
+            lambda: Audit.objects.get(id=greedy.id).status == Audit.Status.CHECKING_LINKS,
+            timeout=30, message="the greedy page's audit to check its links",
+        )  # fmt: skip
+        submitted = time.monotonic()
+        other = submission.submit_audit(normalize_url(f"{other_page.url}/"), client="ip:192.0.2.2")
+        wait_for(
+            lambda: Audit.objects.get(id=other.id).status in Audit.FINISHED,
+            timeout=60, message="the other client's audit",
+        )  # fmt: skip
+        took = time.monotonic() - submitted
+        result = Audit.objects.get(id=other.id).result
+        assert [link["status"] for link in result["links"]] == ["ok"]
+        assert result["links"][0]["github"]["repository"] == "plumb/repo0"
+        # Behind at most the greedy client's two checks at GitHub, not its thirty.
+        assert took < deadline / 2, took
+    finally:
+        greedy_page.stop()
+        other_page.stop()
