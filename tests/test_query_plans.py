@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audits import admission
 from audits.models import Audit, Page
 from audits.pages import change_counts
 from reaudit import services
@@ -122,3 +123,22 @@ def test_the_pages_changed_and_worse_are_counted_from_their_own_indexes(statisti
         chosen = plan(queries, f'"audits_page"."{column}" >=')
         assert index in chosen, chosen  # an index scan of it: plain, bitmap or index-only
         assert "Seq Scan" not in chosen and "audits_audit" not in chosen, chosen
+
+
+@pytest.mark.parametrize("statistics", ["as they are", "fresh"])
+def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(statistics):
+    # Every submission counts its client's unfinished audits (audits.admission): a probe
+    # of the partial index, never a walk of the client's finished history.
+    succeeded_audits_of_other_pages(2000)
+    Audit.objects.filter(status=Audit.Status.SUCCEEDED).update(client="ip:192.0.2.1")
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    if statistics == "fresh":
+        analyze("audits_audit", "audits_linkcheck")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert admission.client_holding("ip:192.0.2.1") == 1
+
+    chosen = plan(queries, '"audits_audit"."client"')
+    assert "audit_client_unfinished_idx" in chosen, chosen
+    assert "Seq Scan on audits_audit" not in chosen, chosen
