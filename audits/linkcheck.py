@@ -16,7 +16,8 @@ A link that answers broken is checked once more LINKCHECK_BROKEN_RECHECK_SECONDS
 before its outcome is recorded: one bad answer is not a broken link.
 
 Each check calls `outbound.integrations.links` (the GET or GitHub's API, the per-host
-slots, admission); this module keeps the rows and the audits' join. Nothing here loads
+slots, admission) in the turn of a client waiting on it (client_turn); this module keeps
+the rows and the audits' join. Nothing here loads
 an audit's result but its finish.
 """
 
