@@ -115,6 +115,13 @@ def test_a_client_is_its_user_when_authenticated_whatever_its_address(
     assert post(api, "https://example.org/3", REMOTE_ADDR="192.0.2.2").status_code == 202
 
 
+def test_a_token_without_an_owner_counts_as_its_address(api, settings):
+    settings.API_TOKENS = ["secret-token"]
+    response = post(api, "https://example.org/1", HTTP_AUTHORIZATION="Bearer secret-token")
+    assert response.status_code == 202, response.content
+    assert Audit.objects.get().client == "ip:127.0.0.1"
+
+
 def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, settings):
     settings.AUDIT_QUEUE_MAX_DEPTH = 50
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # five entries a client
