@@ -6,8 +6,14 @@ admitted, and counts the decision, all in one round trip and one atomic step, so
 a count can never disagree with the decisions made. The order:
 
 1. bucket empty -> refused_ip (429, Retry-After: whole seconds until a token);
-2. backlog >= AUDIT_QUEUE_MAX_DEPTH -> refused_backlog (503);
-3. otherwise admitted.
+2. the client holds its share of the backlog (client_share) -> refused_client (429);
+3. backlog >= AUDIT_QUEUE_MAX_DEPTH -> refused_backlog (503);
+4. otherwise admitted.
+
+What a client holds is read from the record just before the script (client_holding: its
+audits not finished, an audit checking links weighing the checks it still waits on),
+so it is exact and survives any restart; the same check-then-act window as the
+backlog's applies, so a client can exceed its share by its concurrent requests - 1.
 
 A refused submission takes no token and writes nothing but its count.
 
@@ -40,7 +46,9 @@ from dataclasses import dataclass
 
 import redis
 from django.conf import settings
+from django.db.models import Count, Q
 
+from audits.models import Audit, LinkCheck
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
 from observability import gauges
@@ -49,6 +57,7 @@ from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_k
 log = logging.getLogger(__name__)
 
 ADMITTED, REFUSED_IP, REFUSED_BACKLOG = "admitted", "refused_ip", "refused_backlog"
+REFUSED_CLIENT = "refused_client"
 SUBMIT_BUCKET_PREFIX = "ratelimit:submit:"
 # Room opens as soon as one audit starts, so the wait is short; the spread keeps
 # the clients refused together from all coming back in the same second.
@@ -76,7 +85,8 @@ end
 """
 
 # KEYS: bucket, metrics counter, metrics minute bucket, then the audits queue's backlog_keys().
-# ARGV: burst, tokens per second, max depth, minute bucket expiry.
+# ARGV: burst, tokens per second, max depth, minute bucket expiry, what the client holds,
+# the client's share.
 _ADMIT = lua(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
@@ -87,8 +97,11 @@ local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonum
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
 local waiting, retrying, running = queue_backlog(4, now)
 local decision = 'admitted'
+local client_held, client_share = tonumber(ARGV[5]), tonumber(ARGV[6])
 if tokens < 1 then
   decision = 'refused_ip'
+elseif client_held >= client_share then
+  decision = 'refused_client'
 elseif waiting + retrying >= max_depth then
   decision = 'refused_backlog'
 else
@@ -151,21 +164,60 @@ def client_address(request) -> str:
     return client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
 
 
-def submit_bucket_key(ip: str) -> str:
-    """The bucket a client address submits from.
+def address_key(ip: str) -> str:
+    """A client address as the admission keys it.
 
     IPv6 clients are keyed by their /64: one host usually holds a whole /64 and
-    could otherwise take a fresh bucket with every address in it.
+    could otherwise take a fresh bucket (or share) with every address in it.
     """
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
-        return SUBMIT_BUCKET_PREFIX + ip
+        return ip
     if address.version == 6:
         if address.ipv4_mapped is not None:
-            return SUBMIT_BUCKET_PREFIX + str(address.ipv4_mapped)
-        return SUBMIT_BUCKET_PREFIX + str(ipaddress.ip_network(f"{address}/64", strict=False))
-    return SUBMIT_BUCKET_PREFIX + str(address)
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def client_key(request) -> str:
+    """Who a submission counts against: `user:<pk>` for an authenticated user (a staff
+    session, or the owner of an API token), else `ip:<address>` (client_address, an IPv6
+    client by its /64). Audit.client stores it."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and getattr(user, "pk", None) is not None:
+        return f"user:{user.pk}"
+    return "ip:" + address_key(client_address(request))
+
+
+def submit_bucket_key(ip: str) -> str:
+    """The bucket a client address submits from (address_key)."""
+    return SUBMIT_BUCKET_PREFIX + address_key(ip)
+
+
+def client_share() -> int:
+    """The most of the backlog one client may hold: AUDIT_CLIENT_MAX_SHARE of
+    AUDIT_QUEUE_MAX_DEPTH, at least 1."""
+    return max(1, math.floor(settings.AUDIT_CLIENT_MAX_SHARE * settings.AUDIT_QUEUE_MAX_DEPTH))
+
+
+def client_holding(client_key: str) -> int:
+    """What `client_key` holds of the backlog, read from the record in one query: each
+    of its audits not finished is one entry, except that an audit checking links holds
+    one per check it still waits on (the entries it put on the queue). The system's own
+    work ("") belongs to no client."""
+    if not client_key:
+        return 0
+    checking = Q(status=Audit.Status.CHECKING_LINKS)
+    counts = Audit.objects.filter(client=client_key, status__in=Audit.UNFINISHED).aggregate(
+        audits=Count("id", filter=~checking, distinct=True),
+        checks=Count(
+            "link_checks",
+            filter=checking & Q(link_checks__status__in=LinkCheck.UNFINISHED),
+        ),
+    )
+    return counts["audits"] + counts["checks"]
 
 
 class AdmissionUnavailable(Exception):
@@ -182,6 +234,9 @@ class Decision:
     max_depth: int
     # Whole seconds a refused client should wait before trying again (0 if admitted).
     retry_after: int = 0
+    # What the client held of the backlog, and the most it may hold (client_share).
+    client_held: int = 0
+    client_share: int = 0
 
     @property
     def admitted(self) -> bool:
@@ -195,14 +250,18 @@ class Decision:
 def _retry_after(outcome: str, bucket_wait_seconds: float) -> int:
     if outcome == REFUSED_IP:
         return BucketAnswer(allowed=False, wait_seconds=bucket_wait_seconds).retry_after
-    if outcome == REFUSED_BACKLOG:
+    if outcome in (REFUSED_BACKLOG, REFUSED_CLIENT):
         return random.randint(*BACKLOG_RETRY_AFTER_SECONDS)
     return 0
 
 
-def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
-    """Decide one submission from `ip` and count it. Raises AdmissionUnavailable."""
+def admit_submission(
+    ip: str, *, client_held: int = 0, client: redis.Redis | None = None
+) -> Decision:
+    """Decide one submission from `ip`, whose client holds `client_held` of the backlog
+    (client_holding), and count it. Raises AdmissionUnavailable."""
     max_depth = settings.AUDIT_QUEUE_MAX_DEPTH
+    share = client_share()
     try:
         counter, bucket, bucket_expiry = admission_metric_keys()
         outcome, wait, waiting, retrying, running = _ADMIT(
@@ -217,6 +276,8 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
                 settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
                 max_depth,
                 bucket_expiry,
+                client_held,
+                share,
             ],
             client=client or redis_client(),
         )
@@ -234,6 +295,8 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
         running=int(running),
         max_depth=max_depth,
         retry_after=_retry_after(outcome, float(wait)),
+        client_held=client_held,
+        client_share=share,
     )
     if not decision.admitted:
         # Counted by the script; the log line says what the refusal was measured against.
@@ -243,17 +306,18 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
                 "reason": decision.outcome, "client_ip": ip, "backlog": decision.backlog,
                 "waiting": decision.waiting, "retrying": decision.retrying,
                 "running": decision.running, "max_depth": max_depth,
+                "client_held": client_held, "client_share": share,
             },
         )  # fmt: skip
     return decision
 
 
 def admission_counts(client: redis.Redis | None = None) -> dict[str, int]:
-    """Decisions so far: admitted / refused_ip / refused_backlog, each also `_in_backoff`
+    """Decisions so far: admitted / refused_ip / refused_client / refused_backlog, each also `_in_backoff`
     (made while audits were waiting to retry), read from the decisions' metric."""
     totals = read_counter(ADMISSION_DECISIONS_METRIC, client=client)
     counts: dict[str, int] = {}
-    for decision in (ADMITTED, REFUSED_IP, REFUSED_BACKLOG):
+    for decision in (ADMITTED, REFUSED_IP, REFUSED_CLIENT, REFUSED_BACKLOG):
         in_backoff = int(totals.get((decision, "true"), 0))
         counts[decision] = in_backoff + int(totals.get((decision, "false"), 0))
         counts[f"{decision}_in_backoff"] = in_backoff

@@ -16,15 +16,18 @@ A link that answers broken is checked once more LINKCHECK_BROKEN_RECHECK_SECONDS
 before its outcome is recorded: one bad answer is not a broken link.
 
 Each check calls `outbound.integrations.links` (the GET or GitHub's API, the per-host
-slots, admission); this module keeps the rows and the audits' join. Nothing here loads
+slots, admission) in the turn of a client waiting on it (client_turn); this module keeps
+the rows and the audits' join. Nothing here loads
 an audit's result but its finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -36,6 +39,8 @@ from django.utils import timezone
 
 from audits.models import Audit, LinkCheck, SharedLink
 from jobs.errors import Transient
+from outbound import hostslots
+from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient, GitHubCredentials
 from outbound.integrations.links import LinkOutcome, check_url
 from outbound.urls import InvalidURL, normalize_url
@@ -44,6 +49,27 @@ log = logging.getLogger(__name__)
 
 # The outcome's fields, as the shared row and each audit's check both spell them.
 OUTCOME_FIELDS = ("status", "status_code", "final_url", "github", "detail")
+
+# A check is bounded by the fetch timeout; its inline rate-limit waits by
+# RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most (the task's hard limit).
+LINK_CHECK_TIME_LIMIT_SECONDS = (
+    settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
+)
+# A check nobody waits for any more (its audits finished at their deadline) still records
+# the link for later audits, in this one turn shared by all such checks.
+NOBODY_WAITING = "nobody-waiting"
+# The waiting clients tried for a free turn: enough for any link listed by a few clients.
+MAX_CLIENTS_TRIED = 8
+
+
+def client_check_slots() -> SlotLimit:
+    """LINKCHECK_PER_CLIENT_CONCURRENCY checks in flight per client, held for a whole check
+    (its GitHub calls and host-slot waits included)."""
+    return SlotLimit(
+        "link-clients",
+        concurrency=settings.LINKCHECK_PER_CLIENT_CONCURRENCY,
+        lease=LINK_CHECK_TIME_LIMIT_SECONDS,
+    )
 
 
 def claim_seconds() -> float:
@@ -199,7 +225,8 @@ def run_shared_check(shared_link_id: int, task_id: str) -> LinkOutcome | None:
     credentials = GitHubCredentials.from_settings()
     github = GitHubClient(credentials) if credentials else None
     try:
-        outcome = check_url(url, github=github)
+        with client_turn(shared_link_id):
+            outcome = check_url(url, github=github)
     finally:
         if github is not None:
             github.close()
@@ -214,6 +241,46 @@ def run_shared_check(shared_link_id: int, task_id: str) -> LinkOutcome | None:
         )
     record_shared_outcome(shared_link_id, task_id, outcome)
     return outcome
+
+
+def waiting_clients(shared_link_id: int) -> list[str]:
+    """The clients whose audits wait on the link now ("" for the system's own work)."""
+    return list(
+        Audit.objects.filter(
+            status=Audit.Status.CHECKING_LINKS,
+            link_checks__link_id=shared_link_id,
+            link_checks__status__in=LinkCheck.UNFINISHED,
+        )
+        .values_list("client", flat=True)
+        .order_by("client")
+        .distinct()[: MAX_CLIENTS_TRIED + 1]
+    )
+
+
+@contextlib.contextmanager
+def client_turn(shared_link_id: int) -> Iterator[None]:
+    """Run the link's check in the turn of a client waiting on it.
+
+    Each client has LINKCHECK_PER_CLIENT_CONCURRENCY checks in flight at most (a slot per
+    client in outbound.hostslots), so one client's page of many links defers its own
+    excess (RateLimited: no attempt spent, the thread moves on) while another client's
+    check takes a worker at once. A link several clients wait on runs in the turn of
+    any of them with one free: one client's backlog never holds another's shared link.
+    The system's own work (a nightly re-audit waiting on the link) takes no client's turn.
+    """
+    clients = waiting_clients(shared_link_id)
+    if "" in clients:
+        yield
+        return
+    names = clients[:MAX_CLIENTS_TRIED] or [NOBODY_WAITING]
+    with hostslots.slot_of_any(
+        client_check_slots(),
+        names,
+        key=f"link:{shared_link_id}",
+        reason="every client waiting on this link has "
+        f"{settings.LINKCHECK_PER_CLIENT_CONCURRENCY} check(s) in flight",
+    ):
+        yield
 
 
 def record_shared_outcome(shared_link_id: int, task_id: str, outcome: LinkOutcome) -> bool:

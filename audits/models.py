@@ -180,6 +180,8 @@ class Audit(models.Model):
         REAUDIT = "reaudit"
 
     FINISHED = (Status.SUCCEEDED, Status.FAILED)
+    # Not finished: what a client still holds of the backlog (audits.admission).
+    UNFINISHED = (Status.QUEUED, Status.RUNNING, Status.RETRYING, Status.CHECKING_LINKS)
 
     # Unguessable, so holding an audit's id is what lets a client read it.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -224,6 +226,10 @@ class Audit(models.Model):
         related_name="+",
         db_index=False,
     )
+    # Who submitted it (audits.admission.client_key: `user:<pk>` or `ip:<address>`), so
+    # its share of the backlog is counted from the record; "" for the system's own work
+    # (nightly re-audits), which counts against no client.
+    client = models.CharField(max_length=128, blank=True, default="")
 
     objects = AuditQuerySet.as_manager()
 
@@ -246,6 +252,13 @@ class Audit(models.Model):
                 fields=["page", "-finished_at"],
                 condition=models.Q(status="succeeded"),
                 name="audit_page_success_idx",
+            ),
+            # A client's unfinished audits (audits.admission.client_holding): one probe on
+            # every submission, over the few rows still owed, never the finished history.
+            models.Index(
+                fields=["client", "status"],
+                condition=models.Q(status__in=["queued", "running", "retrying", "checking_links"]),
+                name="audit_client_unfinished_idx",
             ),
             # The dashboard's count of pages that got worse in the last day.
             models.Index(

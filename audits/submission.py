@@ -54,6 +54,7 @@ def submit_audit(
     callback_secret: str = "",
     trusted: bool = False,
     submitter=None,
+    client: str = "",
 ) -> Audit:
     """Create the page (if new) and a queued audit, and enqueue it once committed.
 
@@ -62,6 +63,8 @@ def submit_audit(
     submitted it and REAUDIT_NEW_PAGES is on: anyone may submit, and an anonymous
     submission's cost ends with its audit. The `submitter` (a user, None when anonymous)
     owns a page it creates, and is the only one ever shown the audit's callback URL.
+    `client` (audits.admission.client_key) is who the audit counts against until it
+    finishes.
     """
     with transaction.atomic():
         page = get_or_create_page(
@@ -73,6 +76,7 @@ def submit_audit(
             callback_url=callback_url,
             callback_secret=callback_secret,
             submitter=submitter,
+            client=client,
         )
     return audit
 
@@ -85,6 +89,7 @@ def create_and_enqueue_audit(
     callback_url: str = "",
     callback_secret: str = "",
     submitter=None,
+    client: str = "",
 ) -> tuple[Audit, bool]:
     """Create a queued audit of `page` and enqueue it on commit; (audit, created).
 
@@ -100,6 +105,7 @@ def create_and_enqueue_audit(
         callback_url=callback_url,
         callback_secret=callback_secret,
         submitter=submitter,
+        client=client,
     )
     if idempotency_key is None:
         audit.save(force_insert=True)  # nothing to collide with: no savepoint

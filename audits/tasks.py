@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from audits import linkcheck, services
-from audits.linkcheck import QueuedCheck
+from audits.linkcheck import LINK_CHECK_TIME_LIMIT_SECONDS, QueuedCheck
 from audits.models import Audit
 from jobs.errors import CannotReplay, MalformedTaskMessage
 from jobs.policy import DATABASE_UNAVAILABLE, DEFERRAL, RETRY, RetryPolicy
@@ -29,11 +29,6 @@ log = logging.getLogger(__name__)
 # Bounded by the fetch timeout; the hard limit only catches a stuck parser.
 AUDIT_SOFT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30
 AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
-# A check is bounded by the fetch timeout; its inline rate-limit waits by
-# RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most.
-LINK_CHECK_TIME_LIMIT_SECONDS = (
-    settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
-)
 
 # Housekeeping is a few queries: a minute is plenty, and well inside the visibility timeout.
 HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS = 60

@@ -248,12 +248,17 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
     try:
         for n in range(-200, requests):  # the first 200: warm-up, not recorded
             mode = "on" if n % 2 == 0 else "off"
-            views.admit = admit if mode == "on" else (lambda request: None)
+            views.admit = admit if mode == "on" else (lambda request, client: None)
             elapsed = post(n)
             if n >= 0:
                 latencies[mode].append(elapsed)
             if n % 500 == 0:
                 client.delete(*QUEUE_KEYS)
+            if n % 100 == 0:
+                # The one submitting client holds at most a default share (100) of audits.
+                Audit.objects.filter(status=Audit.Status.QUEUED).update(
+                    status=Audit.Status.SUCCEEDED
+                )
     finally:
         views.admit = admit
     Audit.objects.all().delete()
@@ -268,6 +273,48 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
         "median_ms": {mode: statistics.median(values) * 1e3 for mode, values in latencies.items()},
         "requests": requests,
     }
+
+
+# --- a client's holding ---------------------------------------------------------------
+
+HOLDINGS = (10, 100)
+
+
+def bench_client_holding(*, others: int = 100_000, own_finished: int = 100_000) -> dict:
+    """Median microseconds of admission.client_holding (the per-client count each
+    submission adds) for a client holding 10 and 100 (the default share) unfinished
+    audits, with `others` unfinished audits of 1,000 other clients and `own_finished` of
+    its own history in the table."""
+    page = Page.objects.create(url="https://bench.example/holding", domain="bench.example")
+
+    def audits(count: int, status: str, client=lambda n: "ip:192.0.2.1") -> None:
+        for start in range(0, count, 10_000):
+            Audit.objects.bulk_create(
+                [
+                    Audit(page=page, client=client(start + n), status=status)
+                    for n in range(min(10_000, count - start))
+                ]
+            )
+
+    audits(others, Audit.Status.QUEUED, client=lambda n: f"ip:other-{n // 100}")
+    audits(own_finished, Audit.Status.SUCCEEDED)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE audits_audit")
+    results = {}
+    for held in HOLDINGS:
+        Audit.objects.filter(client="ip:192.0.2.1").exclude(status=Audit.Status.SUCCEEDED).delete()
+        audits(held, Audit.Status.QUEUED)
+        assert admission.client_holding("ip:192.0.2.1") == held
+        timings = []
+        for _ in range(500):
+            started = time.perf_counter()
+            admission.client_holding("ip:192.0.2.1")
+            timings.append(time.perf_counter() - started)
+        results[held] = statistics.median(timings) * 1e6
+    Audit.objects.all().delete()
+    Page.objects.all().delete()
+    return results
 
 
 # --- a fail-fast outage ---------------------------------------------------------------
@@ -312,7 +359,7 @@ def bench_outage(
 
 
 def _admission_counting_with(count, client, max_depth):
-    def admit_submission(ip, *, client_=None):
+    def admit_submission(ip, *, client_held=0, client=None):
         seen = count(client)
         outcome = admission.ADMITTED if seen < max_depth else admission.REFUSED_BACKLOG
         return admission.Decision(outcome, ip, seen, 0, 0, max_depth, retry_after=10)
@@ -341,7 +388,7 @@ def _outage_run(client, site, max_depth: int, submissions: int, per_second: int)
 # --- the run --------------------------------------------------------------------------
 
 
-def report(costs: dict, throughput: dict, outage: dict) -> str:
+def report(costs: dict, throughput: dict, outage: dict, holding: dict) -> str:
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     lines = [f"Load average at the end of the run: {load} ({os.cpu_count()} CPUs)", ""]
     lines += ["## Cost of one check (median microseconds per call)", ""]
@@ -357,6 +404,11 @@ def report(costs: dict, throughput: dict, outage: dict) -> str:
         f"{throughput['on']:.0f} req/s, off {throughput['off']:.0f} req/s; admission costs "
         f"{throughput['cost'] * 100:.1f} % of throughput (median latency "
         f"{median['on']:.2f} ms on, {median['off']:.2f} ms off)"
+    )
+    lines += ["", "## What a client holds (admission.client_holding, median microseconds)", ""]
+    lines.append(
+        "With 100,000 unfinished audits of other clients and 100,000 finished of its own: "
+        + ", ".join(f"holding {held}: {cost:,.0f}" for held, cost in holding.items())
     )
     lines += ["", "## Fail-fast outage: cap 20, 100 submissions at 5/s, 4 worker slots", ""]
     lines.append("| backlog count | admitted | peak backlog | audits finished meanwhile |")
@@ -391,11 +443,12 @@ def main() -> int:
     try:
         costs = bench_check_costs(client)
         throughput = bench_throughput(client)
+        holding = bench_client_holding()
         outage = {} if args.skip_outage else bench_outage(client)
     finally:
         teardown_databases(databases, verbosity=0)
         client.flushdb()
-    print(report(costs, throughput, outage))
+    print(report(costs, throughput, outage, holding))
     return 0
 
 

@@ -370,6 +370,9 @@ METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
 RATELIMIT_INLINE_MAX_WAIT_SECONDS = env_float("RATELIMIT_INLINE_MAX_WAIT_SECONDS", 5.0, minimum=0)
 LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, minimum=1)
 LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
+# Link checks in flight at once for the clients waiting on them (audits.linkcheck): one
+# client's page of many links defers its own excess, never another client's check.
+LINKCHECK_PER_CLIENT_CONCURRENCY = env_int("LINKCHECK_PER_CLIENT_CONCURRENCY", 4, minimum=1)
 AUDIT_LINKCHECK_DEADLINE_SECONDS = env_float("AUDIT_LINKCHECK_DEADLINE_SECONDS", 120.0, minimum=1)
 AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
 # Distinct links of each kind (internal, external) an audit keeps, the first in the
@@ -410,6 +413,9 @@ CELERY_BEAT_SCHEDULE = {
 AUDIT_SUBMIT_BURST = env_int("AUDIT_SUBMIT_BURST", 20, minimum=1)
 AUDIT_SUBMIT_RATE_PER_MINUTE = env_float("AUDIT_SUBMIT_RATE_PER_MINUTE", 30.0, minimum=0.01)
 AUDIT_QUEUE_MAX_DEPTH = env_int("AUDIT_QUEUE_MAX_DEPTH", 1000, minimum=1)
+# The most of that backlog one client (a user, else an address) may hold: beyond it its
+# own submissions get 429 while other clients are admitted (audits.admission).
+AUDIT_CLIENT_MAX_SHARE = env_float("AUDIT_CLIENT_MAX_SHARE", 0.1, minimum=0.001)
 # How many proxies in front of the web processes append to X-Forwarded-For; 0 uses
 # the socket's peer address, so a client cannot pick its own bucket.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)

@@ -121,6 +121,13 @@ def _series_for(row: str, stats: dict) -> tuple[list[Series], tuple[float, str] 
                 total=_total(totals["admissions"]["refused_ip"]),
             ),
             Series(
+                "refused_client",
+                "Refused: client's share",
+                admissions["refused_client"],
+                AMBER,
+                total=_total(totals["admissions"]["refused_client"]),
+            ),
+            Series(
                 "refused_backlog",
                 "Refused: backlog full",
                 admissions["refused_backlog"],

@@ -172,3 +172,23 @@ def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:
     if attempt.wait is None:
         return f"{name} is busy with {limit.concurrency} call(s) in flight"
     return f"{name} may start {limit.rate:g} call(s) a second"
+
+
+@contextlib.contextmanager
+def slot_of_any(limit: SlotLimit, names: list[str], *, key: str, reason: str) -> Iterator[str]:
+    """Hold one slot of the first of `names` that has one free now, and yield its name.
+
+    Never waits: with every name's slots busy it raises RateLimited at once with no
+    retry time, so the job is deferred (no attempt spent) and its thread moves on.
+    `key` is the bucket the RateLimited names; `reason` says why, in words a client may read.
+    """
+    token = uuid.uuid4().hex
+    for name in names:
+        if try_acquire(limit, name, token).taken:
+            break
+    else:
+        raise RateLimited(key, SLOTS_RESOURCE, None, reason=reason)
+    try:
+        yield name
+    finally:
+        release(limit, name, token)

@@ -87,6 +87,7 @@ class FakeGitHubState:
     window: float = 3600.0
     token_lifetime: float = 3600.0
     mint_delay: float = 0.0
+    answer_delay: float = 0.0  # every repository answer takes this long (a slow GitHub)
     buckets: dict[tuple[str, str], Bucket] = field(default_factory=dict)
     tokens: dict[str, float] = field(default_factory=dict)  # installation token -> expiry
     secondary_retry_after: dict[str, int] = field(default_factory=dict)
@@ -228,6 +229,7 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
     def _rest_repository(self, identity, method, path, owner, name):
         if self._spend(identity, "core", method, path):
             return
+        time.sleep(self.state.answer_delay)
         key = f"{owner}/{name}".lower()
         if key in self.state.renamed:
             moved_to = f"{self.server.url}/repositories/{self._id_of(self.state.renamed[key])}"
@@ -266,6 +268,7 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
     def _graphql(self, identity, method, path, body):
         if self._spend(identity, "graphql", method, path):
             return
+        time.sleep(self.state.answer_delay)
         variables = body.get("variables") or {}
         key = f"{variables.get('owner')}/{variables.get('name')}".lower()
         repository = self.state.repositories.get(self.state.renamed.get(key, key))

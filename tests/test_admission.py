@@ -242,6 +242,30 @@ def test_an_empty_bucket_is_refused_before_the_backlog_is_considered(limits, red
     assert 1 <= decision.retry_after <= 60
 
 
+def test_a_client_at_its_share_is_refused_before_the_backlog_and_takes_no_token(
+    limits, redis_client
+):
+    limits.AUDIT_QUEUE_MAX_DEPTH = 30
+    limits.AUDIT_CLIENT_MAX_SHARE = 0.1  # 3
+    assert admission.client_share() == 3
+    refused = admission.admit_submission("1.2.3.4", client_held=3)
+    assert (refused.outcome, refused.client_held, refused.client_share) == ("refused_client", 3, 3)
+    assert 5 <= refused.retry_after <= 15
+    redis_client.lpush(AUDITS, *range(30))  # the backlog full too: the client's share says why
+    assert admission.admit_submission("1.2.3.4", client_held=3).outcome == "refused_client"
+    assert admission.admit_submission("1.2.3.4", client_held=2).outcome == "refused_backlog"
+    redis_client.delete(AUDITS)
+    # No token was taken by a refusal: the burst of two is all there.
+    outcomes = [admission.admit_submission("1.2.3.4", client_held=0).outcome for _ in range(3)]
+    assert outcomes == ["admitted", "admitted", "refused_ip"]
+
+
+def test_a_client_share_is_at_least_one(settings):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 5
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1
+    assert admission.client_share() == 1
+
+
 def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limits, redis_client):
     admission.admit_submission("1.2.3.4")
     hold(redis_client, "in-backoff")
@@ -254,6 +278,8 @@ def test_decisions_are_counted_and_split_by_whether_audits_were_in_backoff(limit
         "admitted_in_backoff": 1,
         "refused_ip": 1,
         "refused_ip_in_backoff": 1,
+        "refused_client": 0,
+        "refused_client_in_backoff": 0,
         "refused_backlog": 1,
         "refused_backlog_in_backoff": 1,
     }

@@ -7,11 +7,13 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from audits import admission
 from audits.admission import admission_counts
-from audits.models import Audit, Page
-from reaudit.services import fan_out
+from audits.models import Audit, LinkCheck, Page
+from reaudit.services import fan_out, fire_placement
 from reaudit.tasks import NIGHT_TASKS
 
 pytestmark = pytest.mark.django_db
@@ -30,9 +32,9 @@ def post(api, url: str = "https://example.org/", **extra):
     )
 
 
-def submit_and_enqueue(api, django_capture_on_commit_callbacks, url: str):
+def submit_and_enqueue(api, django_capture_on_commit_callbacks, url: str, **extra):
     with django_capture_on_commit_callbacks(execute=True):
-        response = post(api, url)
+        response = post(api, url, **extra)
     assert response.status_code == 202, response.content
     return response
 
@@ -55,16 +57,96 @@ def test_a_full_backlog_answers_503_with_retry_after_and_writes_nothing(
     api, settings, django_capture_on_commit_callbacks
 ):
     settings.AUDIT_QUEUE_MAX_DEPTH = 2
-    submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/1")
-    submit_and_enqueue(api, django_capture_on_commit_callbacks, "https://example.org/2")
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.5  # one audit each
+    for n, address in enumerate(["192.0.2.1", "192.0.2.2"]):
+        submit_and_enqueue(
+            api, django_capture_on_commit_callbacks, f"https://example.org/{n}",
+            REMOTE_ADDR=address,
+        )  # fmt: skip
 
-    response = post(api, "https://example.org/refused")
+    response = post(api, "https://example.org/refused", REMOTE_ADDR="192.0.2.3")
     assert response.status_code == 503
     body = response.json()
     assert (body["error"], body["backlog"], body["max_depth"]) == ("backlog_full", 2, 2)
     assert 5 <= int(response["Retry-After"]) <= 15
     assert Audit.objects.count() == 2
     assert not Page.objects.filter(url="https://example.org/refused").exists()
+
+
+def test_a_client_beyond_its_share_answers_429_while_another_client_is_admitted(
+    api, settings, django_capture_on_commit_callbacks
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 20
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # two audits a client
+    for n in range(2):
+        submit_and_enqueue(api, django_capture_on_commit_callbacks, f"https://example.org/{n}")
+
+    response = post(api, "https://example.org/refused")
+    assert response.status_code == 429
+    body = response.json()
+    assert (body["error"], body["held"], body["share"]) == ("client_backlog_full", 2, 2)
+    assert 5 <= int(response["Retry-After"]) <= 15
+    assert not Page.objects.filter(url="https://example.org/refused").exists()
+    assert admission_counts()["refused_client"] == 1
+    # Another address is admitted; an IPv6 client is one client per /64.
+    assert post(api, "https://example.org/other", REMOTE_ADDR="192.0.2.9").status_code == 202
+    for n, address in enumerate(["2001:db8::1", "2001:db8::2"]):
+        submit_and_enqueue(
+            api, django_capture_on_commit_callbacks, f"https://example.org/v6/{n}",
+            REMOTE_ADDR=address,
+        )  # fmt: skip
+    assert post(api, "https://example.org/v6/3", REMOTE_ADDR="2001:db8::3").status_code == 429
+    # Once the client's audits finish, it holds nothing and is admitted again.
+    Audit.objects.filter(client="ip:127.0.0.1").update(status=Audit.Status.SUCCEEDED)
+    assert post(api, "https://example.org/again").status_code == 202
+
+
+def test_a_client_is_its_user_when_authenticated_whatever_its_address(
+    api, settings, django_user_model
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 10
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # one audit a client
+    staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
+    api.force_authenticate(staff)
+    assert post(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1").status_code == 202
+    assert Audit.objects.get().client == f"user:{staff.pk}"
+    assert post(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2").status_code == 429
+    api.force_authenticate(None)
+    assert post(api, "https://example.org/3", REMOTE_ADDR="192.0.2.2").status_code == 202
+
+
+def test_a_token_without_an_owner_counts_as_its_address(api, settings):
+    settings.API_TOKENS = ["secret-token"]
+    response = post(api, "https://example.org/1", HTTP_AUTHORIZATION="Bearer secret-token")
+    assert response.status_code == 202, response.content
+    assert Audit.objects.get().client == "ip:127.0.0.1"
+
+
+def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, settings):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 50
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # five entries a client
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    audit = Audit.objects.create(
+        page=page, client="ip:127.0.0.1", status=Audit.Status.CHECKING_LINKS
+    )
+    LinkCheck.objects.bulk_create(
+        [LinkCheck(audit=audit, url=f"https://example.net/{n}") for n in range(4)]
+        + [LinkCheck(audit=audit, url="https://example.net/done", status=LinkCheck.Status.OK)]
+    )
+    assert admission.client_holding("ip:127.0.0.1") == 4
+    assert post(api, "https://example.org/a").status_code == 202  # 4 + this one = 5
+    response = post(api, "https://example.org/b")
+    assert response.status_code == 429 and response.json()["held"] == 5
+
+
+def test_nightly_re_audits_count_against_no_client(api, settings):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 10
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    Page.objects.filter(id=page.id).update(reaudit_nightly=True)
+    assert fire_placement(page.id, timezone.now().date()).client == ""
+    assert admission.client_holding("") == 0
+    assert post(api, "https://example.org/mine").status_code == 202
 
 
 def test_an_invalid_submission_is_not_counted_as_a_decision(api):

@@ -43,6 +43,8 @@ def test_concurrent_submissions_overshoot_the_cap_by_at_most_the_handlers_minus_
     max_depth, handlers = 5, 4
     settings.AUDIT_QUEUE_MAX_DEPTH = max_depth
     settings.AUDIT_SUBMIT_BURST = 1000
+    # Every client here is 127.0.0.1, and this is the cap's test: no share binds.
+    settings.AUDIT_CLIENT_MAX_SHARE = 100
     # Widen the window between the admission check and the enqueue (on commit), so
     # the worst case is likely: every handler checks before any has enqueued.
     submit_audit = submission.submit_audit
@@ -67,6 +69,8 @@ def test_a_fail_fast_outage_admits_no_more_than_the_cap_plus_the_bounded_oversho
     max_depth, handlers, worker_slots = 6, 4, 2
     settings.AUDIT_QUEUE_MAX_DEPTH = max_depth
     settings.AUDIT_SUBMIT_BURST = 1000
+    # Every client here is 127.0.0.1, and this is the cap's test: no share binds.
+    settings.AUDIT_CLIENT_MAX_SHARE = 100
     caplog.set_level("INFO", logger="observability.metrics")
     # Every attempt fails at once (500), then waits 1.5-2.5 s, 3-5 s, 6-10 s, 12-20 s:
     # no audit is finished for good while this test submits.

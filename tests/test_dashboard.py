@@ -91,6 +91,7 @@ def test_admissions_and_refusals_are_series_with_those_made_during_backoff(redis
     assert hour["totals"]["admissions_in_backoff"] == {
         "admitted": 0,
         "refused_ip": 0,
+        "refused_client": 0,
         "refused_backlog": 2,
     }
 

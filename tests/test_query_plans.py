@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audits import admission
 from audits.models import Audit, Page
 from audits.pages import audits_listed, change_counts
 from reaudit import services
@@ -144,3 +145,22 @@ def test_a_clients_audit_listing_reads_its_own_rows_by_index(django_user_model):
     assert "audit_page_created_idx" in chosen, chosen
     assert "Seq Scan on audits_audit" not in chosen, chosen
     assert "audits_audit_created_at" not in chosen, chosen  # no walk of every audit
+
+
+@pytest.mark.parametrize("statistics", ["as they are", "fresh"])
+def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(statistics):
+    # Every submission counts its client's unfinished audits (audits.admission): a probe
+    # of the partial index, never a walk of the client's finished history.
+    succeeded_audits_of_other_pages(2000)
+    Audit.objects.filter(status=Audit.Status.SUCCEEDED).update(client="ip:192.0.2.1")
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    if statistics == "fresh":
+        analyze("audits_audit", "audits_linkcheck")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert admission.client_holding("ip:192.0.2.1") == 1
+
+    chosen = plan(queries, '"audits_audit"."client"')
+    assert "audit_client_unfinished_idx" in chosen, chosen
+    assert "Seq Scan on audits_audit" not in chosen, chosen

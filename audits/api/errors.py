@@ -34,6 +34,15 @@ class ServiceUnavailable(exceptions.APIException):
         self.extra = extra or {}
 
 
+class ClientBacklogFull(ServiceUnavailable):
+    """One client holds its share of the backlog (audits.admission): its own submissions
+    wait, everyone else's are admitted."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = "Your audits already hold your share of the backlog."
+    default_code = "client_backlog_full"
+
+
 # A database that is away (restarting, failing over, out of connections) is a 503 the
 # client may retry, spread over this range so clients do not all come back at once.
 DATABASE_RETRY_AFTER_SECONDS = (5, 15)

@@ -27,7 +27,9 @@ ERROR_DESCRIPTIONS = {
     404: "No such resource, or not yours (another client's page), or no such page of results.",
     413: "The body is larger than API_MAX_BODY_BYTES.",
     415: "The body is not `application/json`.",
-    429: "Too many submissions from this address; try again after `Retry-After` seconds.",
+    429: "Too many submissions from this address (`throttled`), or your audits already hold "
+    "your share of the backlog (`client_backlog_full`, with `held` and `share`: other "
+    "clients are still admitted). Nothing was written; try again after `Retry-After` seconds.",
     503: "Cannot take this now (`backlog_full` with `backlog` and `max_depth`, or "
     "`*_unavailable`); nothing was written. Try again after `Retry-After` seconds.",
 }
@@ -64,7 +66,24 @@ class UnavailableSerializer(ErrorSerializer):
     max_depth = serializers.IntegerField(required=False, help_text="With backlog_full.")
 
 
-ERROR_BODIES = {400: InvalidRequestSerializer, 503: UnavailableSerializer}
+class TooManyRequestsSerializer(ErrorSerializer):
+    held = serializers.IntegerField(
+        required=False,
+        help_text="With client_backlog_full: what your unfinished audits hold of the backlog "
+        "(an audit checking links, one per check it still waits on).",
+    )
+    share = serializers.IntegerField(
+        required=False,
+        help_text="With client_backlog_full: the most one client may hold "
+        "(AUDIT_CLIENT_MAX_SHARE of AUDIT_QUEUE_MAX_DEPTH).",
+    )
+
+
+ERROR_BODIES = {
+    400: InvalidRequestSerializer,
+    429: TooManyRequestsSerializer,
+    503: UnavailableSerializer,
+}
 
 
 def error(status: int) -> dict:

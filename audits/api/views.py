@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from audits import admission, pages, submission
 from audits.api.auth import TokenRequiredWhenConfigured, TrustedCallerOnly, caller, is_trusted
-from audits.api.errors import ServiceUnavailable
+from audits.api.errors import ClientBacklogFull, ServiceUnavailable
 from audits.api.schema import error
 from audits.api.serializers import (
     AuditListQuerySerializer,
@@ -52,11 +52,12 @@ class AuditPagination(PageNumberPagination):
     max_page_size = 100
 
 
-def admit(request) -> None:
-    """Raise the refusal for this submission, if it is refused; nothing is written first."""
+def admit(request, client: str) -> None:
+    """Raise the refusal for this submission from `client` (admission.client_key), if it
+    is refused; nothing is written first."""
     ip = admission.client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
     try:
-        decision = admission.admit_submission(ip)
+        decision = admission.admit_submission(ip, client_held=admission.client_holding(client))
     except admission.AdmissionUnavailable:
         raise ServiceUnavailable(
             "Submissions cannot be checked against the queue right now; nothing was "
@@ -66,6 +67,13 @@ def admit(request) -> None:
         ) from None
     if decision.outcome == admission.REFUSED_IP:
         raise Throttled(wait=decision.retry_after, detail="Too many submissions from this address.")
+    if decision.outcome == admission.REFUSED_CLIENT:
+        raise ClientBacklogFull(
+            "Your audits already hold your share of the backlog; nothing was written. "
+            "Try again once some of them have finished.",
+            retry_after=decision.retry_after,
+            extra={"held": decision.client_held, "share": decision.client_share},
+        )
     if decision.outcome == admission.REFUSED_BACKLOG:
         raise ServiceUnavailable(
             "The audit backlog is full; nothing was written. Try again later.",
@@ -90,10 +98,12 @@ class AuditCollectionView(APIView):
     def post(self, request):
         submitted = AuditSubmissionSerializer(data=request.data)
         submitted.is_valid(raise_exception=True)
-        admit(request)
+        client = admission.client_key(request)
+        admit(request, client)
         data = submitted.validated_data
         audit = submission.submit_audit(
             data["url"],
+            client=client,
             callback_url=data.get("callback_url", ""),
             callback_secret=data.get("callback_secret", ""),
             trusted=is_trusted(request),
