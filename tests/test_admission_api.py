@@ -115,11 +115,17 @@ def test_a_client_is_its_user_when_authenticated_whatever_its_address(
     assert post(api, "https://example.org/3", REMOTE_ADDR="192.0.2.2").status_code == 202
 
 
-def test_a_token_without_an_owner_counts_as_its_address(api, settings):
-    settings.API_TOKENS = ["secret-token"]
-    response = post(api, "https://example.org/1", HTTP_AUTHORIZATION="Bearer secret-token")
+def test_a_token_counts_as_its_user_from_any_address(api, settings, django_user_model):
+    settings.API_TOKENS = {"ci": "secret-token"}
+    settings.AUDIT_QUEUE_MAX_DEPTH = 10
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # one audit a client
+    token = {"HTTP_AUTHORIZATION": "Bearer secret-token"}
+    response = post(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1", **token)
     assert response.status_code == 202, response.content
-    assert Audit.objects.get().client == "ip:127.0.0.1"
+    ci = django_user_model.objects.get(username="ci")
+    assert Audit.objects.get().client == f"user:{ci.pk}"
+    # The same token from another address is the same client, past its share.
+    assert post(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2", **token).status_code == 429
 
 
 def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, settings):
