@@ -86,6 +86,8 @@ def test_pages_are_paginated_and_filtered_by_domain_reaudit_and_last_change(staf
 
     by_domain = staff_api.get("/api/pages?domain=A.example").json()
     assert [p["url"] for p in by_domain["results"]] == [f"https://a.example/{n}" for n in range(3)]
+    # A host is one domain however it is spelled: its case, its root's trailing dot.
+    assert staff_api.get("/api/pages?domain=A.EXAMPLE.").json()["results"] == by_domain["results"]
     not_nightly = staff_api.get("/api/pages?reaudit_nightly=false").json()["results"]
     assert [p["id"] for p in not_nightly] == [quiet.id]
     assert staff_api.get("/api/pages?reaudit_nightly=true").json()["count"] == 4
@@ -102,6 +104,7 @@ def test_pages_are_paginated_and_filtered_by_domain_reaudit_and_last_change(staf
         ("page=-1", "page"),
         ("changed_since=yesterday", "changed_since"),
         ("colour=red", "colour"),
+        ("domain=a..example", "domain"),
     ],
 )
 def test_a_bad_filter_is_a_400_naming_it(staff_api, query, field):

@@ -14,6 +14,7 @@ from outbound.urls import (
     MAX_URL_LENGTH,
     InvalidURL,
     NormalizedURL,
+    normalize_host,
     normalize_url,
 )
 
@@ -335,7 +336,9 @@ class PageSerializer(BuiltOnceModelSerializer):
 
 class PageListQuerySerializer(StrictSerializer):
     domain = serializers.CharField(
-        max_length=255, required=False, help_text="Only pages of this host name (exact)."
+        max_length=255,
+        required=False,
+        help_text="Only pages of this host name (spelled as URLs are: `Example.ORG.` is `example.org`).",
     )
     reaudit_nightly = serializers.ChoiceField(
         choices=["true", "false"],
@@ -347,6 +350,12 @@ class PageListQuerySerializer(StrictSerializer):
     )
     page = serializers.IntegerField(min_value=1, required=False)
     page_size = serializers.IntegerField(min_value=1, max_value=100, required=False)
+
+    def validate_domain(self, value: str) -> str:
+        try:
+            return normalize_host(value.strip())
+        except InvalidURL as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class PageHistoryQuerySerializer(StrictSerializer):
