@@ -12,6 +12,9 @@ MAX_URL_LENGTH = 2048
 # DNS names are at most 253 characters; a longer host can only be a mistake (and must
 # not reach Page.domain, 255 characters).
 MAX_HOST_LENGTH = 253
+# The most a host spelled in ASCII without %-escapes grows by when normalized: an IPv4
+# address written short is dotted (`2` is `0.0.0.2`, as WHATWG URLs and inet_aton read it).
+MAX_HOST_GROWTH = 6
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
