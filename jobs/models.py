@@ -58,7 +58,9 @@ class CircuitBreaker(models.Model):
     task_name = models.CharField(max_length=255)
     # Named `host` from before breakers were per origin (outbound.urls.origin_key).
     host = models.CharField(
-        max_length=255, help_text="The origin the breaker guards: scheme://host[:port]."
+        "origin",
+        max_length=255,
+        help_text="The origin the breaker guards: scheme://host[:port].",
     )
     state = models.CharField(max_length=16, choices=State.choices, default=State.CLOSED)
     last_transition = models.CharField(max_length=32, blank=True)

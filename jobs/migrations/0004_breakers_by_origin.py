@@ -49,7 +49,9 @@ class Migration(migrations.Migration):
             model_name="circuitbreaker",
             name="host",
             field=models.CharField(
-                max_length=255, help_text="The origin the breaker guards: scheme://host[:port]."
+                "origin",
+                max_length=255,
+                help_text="The origin the breaker guards: scheme://host[:port].",
             ),
         ),
         migrations.RunPython(forget_host_keyed_breakers, migrations.RunPython.noop),
