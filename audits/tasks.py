@@ -23,6 +23,7 @@ from audits.models import Audit
 from jobs.errors import CannotReplay, MalformedTaskMessage
 from jobs.policy import DATABASE_UNAVAILABLE, DEFERRAL, RETRY, RetryPolicy
 from jobs.task import PlumbTask
+from outbound.urls import origin_key_or_none
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,14 @@ class AuditTask(PlumbTask):
             uuid.UUID(audit_id)
         except ValueError:
             raise MalformedTaskMessage(f"audit id {audit_id!r} is not a UUID") from None
-        row = Audit.objects.filter(id=audit_id).values_list("status", "page__domain").first()
+        row = Audit.objects.filter(id=audit_id).values_list("status", "page__url").first()
         if row is None:
             # Audits are never deleted while queued: no row means a bad message.
             raise MalformedTaskMessage(f"no audit with id {audit_id}")
-        status, domain = row
-        # A finished audit (a duplicate delivery) is skipped without a breaker.
-        return None if status in Audit.FINISHED else domain
+        status, url = row
+        # A finished audit (a duplicate delivery) is skipped without a breaker. The breaker
+        # is the page's origin's: a closed port elsewhere on its host is not its concern.
+        return None if status in Audit.FINISHED else origin_key_or_none(url)
 
     def before_wait(self, reason, seconds, *, why, args, kwargs):
         try:

@@ -1,4 +1,7 @@
-"""Circuit breakers per (task type, downstream host), shared by every worker through Redis.
+"""Circuit breakers per (task type, downstream origin), shared by every worker through Redis.
+
+The origin is scheme, host and port (`outbound.urls.origin_key`): failures against one
+port of a host, or one spelling of it, open nobody else's breaker.
 
 closed     calls go through; their outcomes fill a sliding window of one-second
            buckets. When the window holds at least BREAKER_MIN_CALLS calls and

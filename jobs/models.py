@@ -60,7 +60,12 @@ class CircuitBreaker(models.Model):
         HALF_OPEN = "half_open", "half-open"
 
     task_name = models.CharField(max_length=255)
-    host = models.CharField(max_length=255)
+    # Named `host` from before breakers were per origin (outbound.urls.origin_key).
+    host = models.CharField(
+        "origin",
+        max_length=255,
+        help_text="The origin the breaker guards: scheme://host[:port].",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.CLOSED)
     last_transition = models.CharField(max_length=32, blank=True)
     changed_at = models.DateTimeField()

@@ -6,7 +6,7 @@ Around each run it puts, in this order:
    without running (jobs.delayed.claim);
 2. the message's shape: arguments that cannot belong to a real task are a
    `MalformedTaskMessage`, dead-lettered on this first delivery;
-3. the circuit breaker of the task's downstream host (`downstream_host`): while it
+3. the circuit breaker of the task's downstream origin (`downstream_host`): while it
    is open the job is parked, without spending an attempt;
 4. the metrics of an attempt (only now: a parked run is no attempt) and the running
    registry that keeps the backlog exact (jobs.backlog);
@@ -113,7 +113,8 @@ class PlumbTask(Task):
     retry_backoff = False
 
     def downstream_host(self, args: tuple, kwargs: dict) -> str | None:
-        """The host this run will call (its breaker's key), or None for no breaker.
+        """The origin this run will call (its breaker's key, as `outbound.urls.origin_key`
+        spells it: scheme, normalized host and port), or None for no breaker.
 
         Raise MalformedTaskMessage when the arguments cannot belong to a real task
         (an id of the wrong type, a row that never existed).

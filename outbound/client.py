@@ -12,7 +12,7 @@ loop is `outbound.redirects`).
 `OutboundClient.send` asks admission about the call's bucket before making it,
 records what the response says about the bucket (`ratelimit.responses`), sleeps
 short waits inline (INLINE_WAITS through `jobs.policy.delay`) and raises
-`jobs.errors.RateLimited` for long ones. Optionally it holds one of the host's
+`jobs.errors.RateLimited` for long ones. Optionally it holds one of the origin's
 (or the credential's) slots for the call (`outbound.hostslots`). Every request
 that reaches a downstream, or fails trying, is one downstream request in the metrics.
 """
@@ -34,6 +34,7 @@ from observability.metrics import record_downstream_request
 from outbound import bounded, hostslots
 from outbound.guard import GuardedNetworkBackend
 from outbound.statuses import Answer, classify_status
+from outbound.urls import origin_key
 from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
 from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key
 from ratelimit.responses import Verdict, observe
@@ -142,8 +143,8 @@ def shared_client(
 
 
 def admission_key_for_url(url: httpx.URL | str) -> str:
-    url = httpx.URL(url)
-    return host_key(url.host, url.port)
+    """The rate-limit bucket of a plain URL: its origin's (outbound.urls.origin_key)."""
+    return host_key(origin_key(str(url)))
 
 
 def key_class(key: str) -> str:
@@ -154,7 +155,7 @@ def key_class(key: str) -> str:
 class OutboundClient:
     """Sends requests through an httpx.Client, minding each bucket's admission.
 
-    With `slots` each request also holds one of its host's (or its credential's)
+    With `slots` each request also holds one of its origin's (or its credential's)
     slots, waiting for one at most as long as an inline wait (or not at all, for a
     limit that is not `wait_inline`: page fetches). `rate_limits=False`
     (webhook receivers: their 429 is an ordinary failed attempt) sends without
@@ -191,7 +192,7 @@ class OutboundClient:
     ) -> httpx.Response:
         """The response, once the bucket admits the call and the answer is not a rate limit.
 
-        `key` defaults to the request's host. `deadline` (time.monotonic()) caps
+        `key` defaults to the request's origin. `deadline` (time.monotonic()) caps
         inline waits further, and the exchange itself (`outbound.bounded`). Raises
         RateLimited when the wait is too long to sleep. httpx's errors (and the guard's TargetNotAllowed) propagate: each
         integration says what they mean for it.
@@ -269,7 +270,7 @@ class OutboundClient:
         )
 
     def _slot_name(self, url: httpx.URL, key: str) -> str:
-        return key if self.slots.per_credential else url.netloc.decode("ascii")
+        return key if self.slots.per_credential else origin_key(str(url))
 
 
 def _until(verdict: Verdict) -> float:

@@ -1,4 +1,8 @@
-"""Slots per host (or per credential), shared by every worker through Redis, on Redis's clock.
+"""Slots per origin (or per credential), shared by every worker through Redis, on Redis's clock.
+
+An origin is scheme, host and port, spelled by `outbound.urls.origin_key`: one port of a
+host that is down, or one spelling of a host, takes nothing from another's slots or
+slow start. The limits below say "per host" in their setting names; each is per origin.
 
 A limit says how many calls may be in flight at once (`concurrency`, 0: any
 number) and how often one may start (`rate` per second, spaced evenly, no burst;

@@ -1,7 +1,8 @@
 """What downstreams said about their rate limits, per admission key and resource.
 
 An observation names its bucket exactly: the admission key says whose quota
-(`host:<hostname[:port]>`, `github-installation:<id>`, `github-app:<appId>`,
+(`host:<origin>`, the origin as `outbound.urls.origin_key` spells it,
+`github-installation:<id>`, `github-app:<appId>`,
 `github-token:<hash>`) and the resource which of that quota's buckets (`core`,
 `graphql`, `search`, ... as GitHub reports it; `default` for a plain host).
 Admission reads the newest observation of exactly one (key, resource): kept hot
@@ -46,8 +47,10 @@ class Kind(models.TextChoices):
     RATE_LIMITED = "rate_limited", "rate limited"
 
 
-def host_key(hostname: str, port: int | None = None) -> str:
-    return f"host:{hostname}:{port}" if port else f"host:{hostname}"
+def host_key(origin: str) -> str:
+    """The bucket of a plain server: its origin (`http://example.org:8080`), so one
+    spelling of a host cannot block or free another's, nor one port another's."""
+    return f"host:{origin}"
 
 
 def github_installation_key(installation_id: int | str) -> str:

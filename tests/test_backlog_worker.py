@@ -19,7 +19,7 @@ from jobs import delayed
 from jobs.backlog import BacklogSnapshot
 from jobs.backlog import backlog_snapshot as queue_snapshot
 from jobs.breakers import FAILURE, Breaker
-from outbound.urls import normalize_url
+from outbound.urls import normalize_url, origin_key
 from tests.fake_github import LinkedPage
 from tests.workers import reaudit_as_make_run, wait_for
 
@@ -138,7 +138,7 @@ def test_it_counts_a_retry_too_long_to_hold_as_a_countdown(site, start_worker, r
 
 def test_it_counts_audits_parked_by_an_open_breaker(site, start_worker, settings, redis_client):
     settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 600
-    breaker = Breaker("audits.run_audit", "127.0.0.1")
+    breaker = Breaker("audits.run_audit", origin_key(site.base_url))
     for _ in range(2):
         breaker.record(breaker.acquire(), FAILURE)
     start_worker("audits")

@@ -89,6 +89,8 @@ def test_pages_are_paginated_and_filtered_by_domain_reaudit_and_last_change(staf
 
     by_domain = staff_api.get("/api/pages?domain=A.example").json()
     assert [p["url"] for p in by_domain["results"]] == [f"https://a.example/{n}" for n in range(3)]
+    # A host is one domain however it is spelled: its case, its root's trailing dot.
+    assert staff_api.get("/api/pages?domain=A.EXAMPLE.").json()["results"] == by_domain["results"]
     not_nightly = staff_api.get("/api/pages?reaudit_nightly=false").json()["results"]
     assert [p["id"] for p in not_nightly] == [str(quiet.public_id)]
     assert staff_api.get("/api/pages?reaudit_nightly=true").json()["count"] == 4

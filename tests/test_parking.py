@@ -11,7 +11,7 @@ from audits.tasks import AUDIT_POLICY
 from jobs import delayed
 from jobs.breakers import FAILURE, Breaker
 from jobs.models import CircuitBreaker, DeadLetter
-from outbound.urls import normalize_url
+from outbound.urls import normalize_url, origin_key
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
@@ -40,14 +40,15 @@ def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
         env={**FAST_SWEEP, "BREAKER_OPEN_SECONDS": "1", "BREAKER_HALF_OPEN_PROBES": "1"},
     )
     settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 3
-    breaker = Breaker("audits.run_audit", "127.0.0.1")
+    origin = origin_key(site.base_url)
+    breaker = Breaker("audits.run_audit", origin)
     for _ in range(2):
         breaker.record(breaker.acquire(), FAILURE)
     assert breaker.state()["state"] == "open"
 
     audit = submit(f"{site.base_url}/noindex")  # no links to check
     (entry,) = wait_for(parked, timeout=15, message="the audit to be parked", show=[worker])
-    assert (entry.wait, entry.reason) == ("park", "breaker open for 127.0.0.1")
+    assert (entry.wait, entry.reason) == ("park", f"breaker open for {origin}")
     assert entry.task_id == audit.task_id
     assert entry.retries == 0
     assert entry.args == [str(audit.id)]
@@ -62,7 +63,7 @@ def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
     assert "task.retry" not in worker.output()
     # It was the probe that closed the breaker (just after the audit finished).
     wait_for(
-        lambda: CircuitBreaker.objects.get(host="127.0.0.1").last_transition == "closed",
+        lambda: CircuitBreaker.objects.get(host=origin).last_transition == "closed",
         timeout=5, message="the probe to close the breaker",
     )  # fmt: skip
     assert breaker.state()["state"] == "closed"
@@ -93,7 +94,9 @@ def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstr
     # opens it again; the next probe succeeds and closes it. Prometheus sees the
     # transitions by new state, the parks as retries by reason; the admin's row counts
     # the openings of this host's breaker.
-    breaker = CircuitBreaker.objects.get(task_name="audits.run_audit", host="127.0.0.1")
+    breaker = CircuitBreaker.objects.get(
+        task_name="audits.run_audit", host=origin_key(site.base_url)
+    )
     assert (breaker.times_opened, breaker.last_transition) == (2, "closed")
     samples = scrape()
     assert (

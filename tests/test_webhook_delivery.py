@@ -12,7 +12,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from audits import submission
 from jobs.models import CircuitBreaker
 from outbound.integrations.webhook import signed_headers
-from outbound.urls import normalize_url
+from outbound.urls import normalize_url, origin_key
 from tests.receiver import Receiver
 from tests.test_metrics import scrape
 from tests.webhook_helpers import (
@@ -154,7 +154,7 @@ def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
         return all(delivery(row).status == "delivered" for row in rows)
 
     wait_for(all_delivered, timeout=60, message="every delivery", show=[worker])
-    breaker = CircuitBreaker.objects.get(task_name="webhooks.deliver", host="127.0.0.1")
+    breaker = CircuitBreaker.objects.get(task_name="webhooks.deliver", host=origin_key(hook.url))
     assert breaker.times_opened == 1
     parked = (("reason", "breaker_parked"), ("task", "webhooks.deliver"))
     assert scrape()[("plumb_task_retries_total", parked)] >= 5

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import uuid
 
-import httpx
 from celery import shared_task
 from django.conf import settings
 from django.db import OperationalError, transaction
@@ -21,6 +20,7 @@ from django.dispatch import receiver
 from audits.signals import audit_finished
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
+from outbound.urls import origin_key_or_none
 from webhooks import deliver
 from webhooks.models import Delivery
 
@@ -47,10 +47,11 @@ class WebhookTask(PlumbTask):
     policy = WEBHOOK_POLICY
 
     def downstream_host(self, args, kwargs):
-        """The destination host: while it is failing, its deliveries are parked, not tried."""
+        """The destination's origin: while it is failing, its deliveries are parked, not
+        tried; a receiver on another port of the same host is another origin."""
         url = deliver.pending_url(deliver.parse_delivery_id(args[0]))
         # A finished or deleted delivery is skipped by the run itself, without a breaker.
-        return None if url is None else httpx.URL(url).host
+        return None if url is None else origin_key_or_none(url)
 
     def before_wait(self, reason, seconds, *, why, args, kwargs):
         try:

@@ -12,23 +12,27 @@ from audits.models import Audit, Page
 from audits.secrets import without_password
 from outbound.integrations.webhook import validate_secret
 from outbound.urls import (
+    MAX_HOST_GROWTH,
     MAX_HOST_LENGTH,
     MAX_URL_LENGTH,
     InvalidURL,
     NormalizedURL,
+    normalize_host,
     normalize_url,
 )
 
 # What the schema says of a URL and a secret: what outbound.urls.normalize_url and
 # outbound.integrations.webhook.validate_secret accept (they stay the one check).
-# Normalizing may add the path's "/", and the normalized URL must fit MAX_URL_LENGTH.
-SUBMITTED_URL_MAX_LENGTH = MAX_URL_LENGTH - 1
+# Normalizing may add the path's "/" and dot a short IPv4 host, and the normalized URL
+# must fit MAX_URL_LENGTH.
+SUBMITTED_URL_MAX_LENGTH = MAX_URL_LENGTH - 1 - MAX_HOST_GROWTH
 HTTP_URL_SCHEMA = {
     "type": "string",
     "format": "uri",
-    # Scheme, optional user info, a host of at most MAX_HOST_LENGTH, optional port, the rest.
+    # Scheme, optional user info, a host of at most MAX_HOST_LENGTH (no %-escapes, whose
+    # decoding may grow it), optional port, the rest.
     "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?"
-    f"[^/?#@:]{{1,{MAX_HOST_LENGTH}}}(?::[0-9]{{1,5}})?(?:[/?#].*)?$",
+    f"[^/?#@:%]{{1,{MAX_HOST_LENGTH}}}(?::[0-9]{{1,5}})?(?:[/?#].*)?$",
     "minLength": 1,
     "maxLength": SUBMITTED_URL_MAX_LENGTH,
 }
@@ -388,7 +392,9 @@ class PageSerializer(BuiltOnceModelSerializer):
 
 class PageListQuerySerializer(StrictSerializer):
     domain = serializers.CharField(
-        max_length=255, required=False, help_text="Only pages of this host name (exact)."
+        max_length=255,
+        required=False,
+        help_text="Only pages of this host name (spelled as URLs are: `Example.ORG.` is `example.org`).",
     )
     reaudit_nightly = serializers.ChoiceField(
         choices=["true", "false"],
@@ -400,6 +406,12 @@ class PageListQuerySerializer(StrictSerializer):
     )
     page = serializers.IntegerField(min_value=1, required=False)
     page_size = serializers.IntegerField(min_value=1, max_value=100, required=False)
+
+    def validate_domain(self, value: str) -> str:
+        try:
+            return normalize_host(value.strip())
+        except InvalidURL:
+            return value.strip().lower()  # no page has a host spelled so: none listed
 
 
 class PageHistoryQuerySerializer(StrictSerializer):

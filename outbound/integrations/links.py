@@ -25,6 +25,7 @@ from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import Answer, classify_status, unwanted_answer
+from outbound.urls import InvalidURL
 
 OK = "ok"
 REDIRECTED = "redirected"
@@ -120,6 +121,9 @@ def check_http(url: str) -> LinkOutcome:
         response = chain.follow(outbound, deadline=time.monotonic() + timeout)
     except TargetNotAllowed as exc:
         return LinkOutcome(SKIPPED, detail=f"not checked: {exc}")
+    except InvalidURL as exc:
+        # A link with no origin (an empty label: `http://a..b/`) names no server to ask.
+        return LinkOutcome(BROKEN, final_url=chain.current, detail=f"not a valid URL: {exc}")
     except TooManyRedirects as exc:
         return LinkOutcome(BROKEN, exc.status_code, chain.current, detail="too many redirects")
     except UnfollowableRedirect as exc:

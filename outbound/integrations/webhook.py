@@ -29,6 +29,7 @@ from outbound import hostslots
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.statuses import unwanted_answer
+from outbound.urls import origin_key
 from ratelimit.observations import host_key
 
 SECRET_PREFIX = "whsec_"
@@ -81,15 +82,14 @@ def delivery_slots() -> hostslots.SlotLimit:
 
 @contextlib.contextmanager
 def host_slot(url: str) -> Iterator[None]:
-    """Hold one of the destination host's slots for the block.
+    """Hold one of the destination origin's slots for the block (a receiver on another
+    port of the same host has its own).
 
-    Never waits: a full host raises RateLimited at once (retry_at None), so the
+    Never waits: a full origin raises RateLimited at once (retry_at None), so the
     delivery is deferred and its worker thread moves on.
     """
-    target = httpx.URL(url)
-    with hostslots.slot(
-        delivery_slots(), target.host, key=host_key(target.host, target.port), max_wait=None
-    ):
+    origin = origin_key(url)
+    with hostslots.slot(delivery_slots(), origin, key=host_key(origin), max_wait=None):
         yield
 
 
