@@ -43,6 +43,7 @@ from django.conf import settings
 
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
+from jobs.policy import wait_horizon
 from observability import gauges
 from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
@@ -76,7 +77,7 @@ end
 """
 
 # KEYS: bucket, metrics counter, metrics minute bucket, then the audits queue's backlog_keys().
-# ARGV: burst, tokens per second, max depth, minute bucket expiry.
+# ARGV: burst, tokens per second, max depth, minute bucket expiry, wait horizon.
 _ADMIT = lua(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
@@ -85,7 +86,7 @@ _ADMIT = lua(
 local now = redis_now()
 local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
-local waiting, retrying, running = queue_backlog(4, now)
+local waiting, retrying, running = queue_backlog(4, now, tonumber(ARGV[5]))
 local decision = 'admitted'
 if tokens < 1 then
   decision = 'refused_ip'
@@ -217,6 +218,7 @@ def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
                 settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
                 max_depth,
                 bucket_expiry,
+                wait_horizon(),
             ],
             client=client or redis_client(),
         )
