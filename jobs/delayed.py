@@ -11,7 +11,9 @@ Each worker wakes the store of the queue it consumes (`jobs.bootsteps.DelayedWak
 in three steps:
 
 1. lease: one Lua script moves the due entries to the queue's leased set with a
-   deadline, so each entry goes to exactly one waker (expired leases are due again);
+   deadline, so each entry goes to exactly one waker (expired leases are due again;
+   so are entries due past the wait horizon, jobs.policy.wait_horizon, which no wait
+   of today reaches: stored before the bound, they are published to end rate limited);
 2. publish: the job's message goes to its queue, carrying the entry's id and a fresh
    publish id;
 3. release: the entry leaves the leased set.
