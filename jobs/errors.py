@@ -81,10 +81,6 @@ class WaitTooLong(Permanent):
         super().__init__(message, status_code=status_code)
         self.retry_at = retry_at
 
-    @property
-    def retry_at_text(self) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.retry_at))
-
     def __reduce__(self):
         return (_rebuild, (self.__class__, self.args, self.__dict__))
 

@@ -22,6 +22,8 @@ from ratelimit.observations import SECONDARY_RESOURCE, Kind, Observation, record
 RATE_LIMIT_STATUSES = {403, 429}
 TOO_MANY_REQUESTS = 429
 SERVICE_UNAVAILABLE = 503
+# The only answers of a plain host (not GitHub) that hold its other callers.
+HOST_BLOCKING_STATUSES = frozenset({TOO_MANY_REQUESTS, SERVICE_UNAVAILABLE})
 # GitHub's documented advice when a secondary limit comes without Retry-After.
 SECONDARY_DEFAULT_WAIT_SECONDS = 60.0
 SECONDARY_MESSAGES = ("secondary rate limit", "abuse detection")
@@ -108,6 +110,11 @@ def observe(response: httpx.Response, *, key: str, resource: str, inline_step: i
     plain_host = key.startswith("host:")
     verdict = classify(response, now=now, inline_step=inline_step, plain_host=plain_host)
     if verdict.limits.is_empty and not verdict.limited and verdict.blocked_until is None:
+        return verdict
+    if plain_host and response.status_code not in HOST_BLOCKING_STATUSES:
+        # A plain host's other answers block nobody, whatever their headers say: not
+        # a Retry-After, and not a `remaining: 0` with a far reset either (its next call
+        # is refused with a 429 if the host meant it, and that one blocks).
         return verdict
     # A plain host's bucket is the one admission asks about; GitHub names its own,
     # and its secondary limits hold for the whole credential.

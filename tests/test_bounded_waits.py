@@ -125,6 +125,14 @@ def test_a_retry_after_on_any_other_answer_blocks_nobody(status, redis_client):
     assert not RateLimitObservation.objects.filter(blocked_until__isnull=False).exists()
 
 
+@pytest.mark.parametrize("status", [200, 301, 403, 500])
+def test_a_spent_bucket_on_any_other_answer_of_a_plain_host_blocks_nobody(status, redis_client):
+    key = host_key("example.org")
+    spent = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time() + 86400))}
+    observe(answered(status, spent), key=key, resource="default")
+    assert admit(key, "default").go
+
+
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_429_or_a_503_with_retry_after_blocks_the_host(status, redis_client):
     key = host_key("example.org")
