@@ -51,6 +51,7 @@ from django.db.models import Count, Q
 from audits.models import Audit, LinkCheck
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
+from jobs.policy import wait_horizon
 from observability import gauges
 from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
@@ -86,7 +87,7 @@ end
 
 # KEYS: bucket, metrics counter, metrics minute bucket, then the audits queue's backlog_keys().
 # ARGV: burst, tokens per second, max depth, minute bucket expiry, what the client holds,
-# the client's share.
+# the client's share, the wait horizon.
 _ADMIT = lua(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
@@ -95,7 +96,7 @@ _ADMIT = lua(
 local now = redis_now()
 local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
-local waiting, retrying, running = queue_backlog(4, now)
+local waiting, retrying, running = queue_backlog(4, now, tonumber(ARGV[7]))
 local decision = 'admitted'
 local client_held, client_share = tonumber(ARGV[5]), tonumber(ARGV[6])
 if tokens < 1 then
@@ -278,6 +279,7 @@ def admit_submission(
                 bucket_expiry,
                 client_held,
                 share,
+                wait_horizon(),
             ],
             client=client or redis_client(),
         )

@@ -29,7 +29,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -38,7 +38,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from audits.models import Audit, LinkCheck, SharedLink
-from jobs.errors import Transient
+from jobs.errors import Transient, WaitTooLong
 from outbound import hostslots
 from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient, GitHubCredentials
@@ -48,7 +48,7 @@ from outbound.urls import InvalidURL, normalize_url
 log = logging.getLogger(__name__)
 
 # The outcome's fields, as the shared row and each audit's check both spell them.
-OUTCOME_FIELDS = ("status", "status_code", "final_url", "github", "detail")
+OUTCOME_FIELDS = ("status", "status_code", "final_url", "github", "detail", "retry_at")
 
 # A check is bounded by the fetch timeout; its inline rate-limit waits by
 # RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most (the task's hard limit).
@@ -89,8 +89,10 @@ def fresh(now: datetime) -> Q:
     """Shared links whose outcome may be used now (on SharedLink)."""
     working_since = now - timedelta(seconds=settings.LINKCHECK_FRESH_SECONDS)
     broken_since = now - timedelta(seconds=settings.LINKCHECK_BROKEN_FRESH_SECONDS)
-    return Q(checked_at__gte=working_since) & ~Q(status=LinkCheck.Status.BROKEN) | Q(
-        checked_at__gte=broken_since, status=LinkCheck.Status.BROKEN
+    # A rate-limited link was not checked at all: asked again as soon as a broken one.
+    unanswered = (LinkCheck.Status.BROKEN, LinkCheck.Status.RATE_LIMITED)
+    return Q(checked_at__gte=working_since) & ~Q(status__in=unanswered) | Q(
+        checked_at__gte=broken_since, status__in=unanswered
     )
 
 
@@ -168,7 +170,6 @@ def copy_fresh_outcomes(audit_id: str, *, now: datetime | None = None) -> int:
         .filter(link__in=SharedLink.objects.filter(fresh(now)))
         .update(
             **{name: Subquery(shared.values(name)[:1]) for name in OUTCOME_FIELDS},
-            retry_at=None,
             finished_at=now,
         )
     )
@@ -283,9 +284,12 @@ def client_turn(shared_link_id: int) -> Iterator[None]:
         yield
 
 
-def record_shared_outcome(shared_link_id: int, task_id: str, outcome: LinkOutcome) -> bool:
+def record_shared_outcome(
+    shared_link_id: int, task_id: str, outcome: LinkOutcome, *, retry_at: datetime | None = None
+) -> bool:
     """Store the link's outcome (if this task still holds its claim), copy it into every
-    check waiting on it, and finish the audits left with nothing to wait for."""
+    check waiting on it, and finish the audits left with nothing to wait for. `retry_at`:
+    a `rate_limited` outcome's time the host may be asked again."""
     now = timezone.now()
     recorded = SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
         status=outcome.status,
@@ -293,6 +297,7 @@ def record_shared_outcome(shared_link_id: int, task_id: str, outcome: LinkOutcom
         final_url=outcome.final_url,
         github=outcome.github,
         detail=outcome.detail,
+        retry_at=retry_at,
         checked_at=now,
         checking_since=None,
         check_task_id="",
@@ -306,7 +311,7 @@ def record_shared_outcome(shared_link_id: int, task_id: str, outcome: LinkOutcom
         final_url=outcome.final_url,
         github=outcome.github,
         detail=outcome.detail,
-        retry_at=None,
+        retry_at=retry_at,
         finished_at=now,
     )
     # Read after the update: an audit whose rows it reached is here, and one whose rows
@@ -330,6 +335,19 @@ def mark_waiting(shared_link_id: int, *, why: str, seconds: float) -> None:
         status=LinkCheck.Status.RATE_LIMITED_PENDING,
         retry_at=timezone.now() + timedelta(seconds=seconds),
         detail=why,
+    )
+
+
+def end_rate_limited(shared_link_id: int, task_id: str, error: WaitTooLong) -> None:
+    """The link's host asked for a longer wait than RATELIMIT_MAX_WAIT_SECONDS: the link is
+    reported `rate_limited`, with when it may be asked again, and its audits go on."""
+    record_shared_outcome(
+        shared_link_id,
+        task_id,
+        LinkOutcome(
+            LinkCheck.Status.RATE_LIMITED, status_code=error.status_code, detail=str(error)
+        ),
+        retry_at=datetime.fromtimestamp(error.retry_at, tz=UTC),
     )
 
 

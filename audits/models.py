@@ -298,6 +298,8 @@ class SharedLink(models.Model):
     github = models.JSONField(null=True, blank=True)
     detail = models.TextField(blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
+    # A `rate_limited` outcome: when the link's host said it may be asked again.
+    retry_at = models.DateTimeField(null=True, blank=True)
     checking_since = models.DateTimeField(null=True, blank=True)
     check_task_id = models.CharField(max_length=255, blank=True)
     suspect_since = models.DateTimeField(
@@ -323,6 +325,9 @@ class LinkCheck(models.Model):
         REDIRECTED = "redirected"
         BROKEN = "broken"
         RATE_LIMITED_PENDING = "rate_limited_pending"
+        # The host asked for a longer wait than RATELIMIT_MAX_WAIT_SECONDS: not checked,
+        # with the time it may be asked again (`retry_at`).
+        RATE_LIMITED = "rate_limited"
         SKIPPED = "skipped"
 
     # Still to run: queued, or deferred until a rate limit lets it call out.
@@ -380,7 +385,9 @@ class LinkCheck(models.Model):
             entry["github"] = self.github
         if self.detail:
             entry["detail"] = self.detail
-        if self.status == self.Status.RATE_LIMITED_PENDING and self.retry_at:
+        if self.status in (self.Status.RATE_LIMITED_PENDING, self.Status.RATE_LIMITED) and (
+            self.retry_at
+        ):
             entry["retry_at"] = self.retry_at.isoformat()
         if not self.is_finished:
             entry["finished"] = False

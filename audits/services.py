@@ -20,7 +20,7 @@ from django.utils import timezone
 from audits.analysis import audit_result
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import Audit
-from jobs.errors import Permanent
+from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import fetch_page
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,14 @@ def execute_audit(audit_id: str) -> list[QueuedCheck]:
     if not started:
         Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
     return queued
+
+
+def end_rate_limited(audit_id: str, error: WaitTooLong) -> None:
+    """The page's host asked for a longer wait than RATELIMIT_MAX_WAIT_SECONDS: the audit
+    fails now, saying it was rate limited and until when, instead of waiting in the
+    backlog. Failed, not succeeded: there is no page to report, and a failed audit can be
+    submitted again (or replayed) once that time has passed."""
+    Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(error))
 
 
 def mark_waiting(audit_id: str, error: str, *, attempt_spent: bool, seconds: float) -> None:

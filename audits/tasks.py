@@ -84,6 +84,10 @@ class AuditTask(PlumbTask):
                 error=f"gave up after {attempts} attempt(s): {exc}",
             )
 
+    def after_wait_too_long(self, error, *, args, kwargs):
+        services.end_rate_limited(str(args[0]), error)
+        return True
+
     def replay_dead_letter(self, args, kwargs):
         audit_id = args[0] if args else kwargs.get("audit_id")
         audit = services.reset_failed_audit(str(audit_id))
@@ -113,6 +117,10 @@ class LinkCheckTask(PlumbTask):
             # Bounded by the audits' deadline: a check woken after it still records the
             # outcome, for the audits that list the link next.
             linkcheck.mark_waiting(args[0], why=why, seconds=seconds)
+
+    def after_wait_too_long(self, error, *, args, kwargs):
+        linkcheck.end_rate_limited(args[0], self.request.id, error)
+        return True
 
     def after_final_failure(self, exc, *, args, kwargs):
         if args:

@@ -368,6 +368,11 @@ METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
 # A wait for a rate-limited bucket up to this long is slept inline; a longer one
 # defers the task (no attempt spent) instead of holding the worker.
 RATELIMIT_INLINE_MAX_WAIT_SECONDS = env_float("RATELIMIT_INLINE_MAX_WAIT_SECONDS", 5.0, minimum=0)
+# The longest wait a downstream may impose on a job (Retry-After, a bucket's reset): a
+# longer one ends the job as rate limited, carrying the time asked for, instead of
+# holding it in the backlog. Every wait jobs.policy.delay gives is within it (plus
+# jitter), so it is also the horizon of the backlog admission counts.
+RATELIMIT_MAX_WAIT_SECONDS = env_float("RATELIMIT_MAX_WAIT_SECONDS", 3600.0, minimum=1)
 LINKCHECK_PER_HOST_CONCURRENCY = env_int("LINKCHECK_PER_HOST_CONCURRENCY", 2, minimum=1)
 LINKCHECK_PER_HOST_RATE = env_float("LINKCHECK_PER_HOST_RATE", 1.0, minimum=0.01)
 # Link checks in flight at once for the clients waiting on them (audits.linkcheck): one

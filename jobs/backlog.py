@@ -10,7 +10,10 @@
   such message, every running attempt (acks are late) and the few a worker has
   prefetched; subtracting the running attempts leaves the ones owed a slot;
 - delayed: the queue's entries in the delayed store (jobs.delayed): long retries,
-  breaker parks, rate-limit deferrals, busy hosts, whatever made them wait.
+  breaker parks, rate-limit deferrals, busy hosts, whatever made them wait, due within
+  the wait horizon (jobs.policy.wait_horizon: no wait is longer). Entries due later
+  were stored before that bound: reported apart (`deferred_beyond_horizon`), never
+  counted against a cap, and published by the waker to end rate limited.
 
 `held` and `delayed` are reported together as `retrying`: owed a slot, not yet due.
 The running attempts are registered by the runtime itself around every run
@@ -18,7 +21,7 @@ The running attempts are registered by the runtime itself around every run
 the attempt it runs. An entry is a lease that outlives the task's hard time limit,
 so the entry of a process that died vanishes within that limit.
 
-Each count is O(1) in Redis (LLEN, HLEN, ZCARD, plus trimming expired leases), so
+Each count is O(1) or O(log n) in Redis (LLEN, HLEN, ZCARD, ZCOUNT, plus trimming expired leases), so
 the read costs the same with 100 or 100,000 held messages, and it is one Lua script:
 one round trip, one consistent moment. Work for another queue is never counted:
 each queue's workers keep their own unacked keys (config.celery_app), so tonight's
@@ -36,6 +39,7 @@ from redis.client import Pipeline
 from config.celery_app import queue_list_keys, unacked_key_for_queue
 from config.redis import REDIS_NOW_LUA, lua, queue_script, redis_client
 from jobs.delayed import delayed_key, leased_key
+from jobs.policy import wait_horizon
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +48,11 @@ log = logging.getLogger(__name__)
 RUNNING_LEASE_MARGIN_SECONDS = 30
 
 # KEYS from `backlog_keys` (from KEYS[first_key] on): unacked hash, running zset,
-# delayed zset, leased zset, then the queue's lists.
+# delayed zset, leased zset, then the queue's lists. `horizon`: seconds from now within
+# which a delayed entry is owed a slot (jobs.policy.wait_horizon); the entries due later
+# are returned apart (`later`), counted by no cap.
 QUEUE_BACKLOG_LUA = """
-local function queue_backlog(first_key, now)
+local function queue_backlog(first_key, now, horizon)
   local unacked, running_key = KEYS[first_key], KEYS[first_key + 1]
   local waiting = 0
   for i = first_key + 4, #KEYS do
@@ -56,8 +62,10 @@ local function queue_backlog(first_key, now)
   local running = redis.call('ZCARD', running_key)
   local held = redis.call('HLEN', unacked) - running
   if held < 0 then held = 0 end
-  local delayed = redis.call('ZCARD', KEYS[first_key + 2]) + redis.call('ZCARD', KEYS[first_key + 3])
-  return waiting, held + delayed, running
+  local stored = redis.call('ZCARD', KEYS[first_key + 2])
+  local soon = redis.call('ZCOUNT', KEYS[first_key + 2], '-inf', now + horizon)
+  local delayed = soon + redis.call('ZCARD', KEYS[first_key + 3])
+  return waiting, held + delayed, running, stored - soon
 end
 """
 
@@ -65,8 +73,8 @@ _SNAPSHOT = lua(
     REDIS_NOW_LUA
     + QUEUE_BACKLOG_LUA
     + """
-local waiting, retrying, running = queue_backlog(1, redis_now())
-return {waiting, retrying, running}
+local waiting, retrying, running, later = queue_backlog(1, redis_now(), tonumber(ARGV[1]))
+return {waiting, retrying, running, later}
 """
 )
 
@@ -83,6 +91,9 @@ class BacklogSnapshot:
     waiting: int
     retrying: int
     running: int
+    # Delayed entries due past the wait horizon: not owed a slot soon, so not backlog
+    # (stored before every wait was bounded; the waker ends them, jobs.delayed).
+    deferred_beyond_horizon: int = 0
 
     @property
     def backlog(self) -> int:
@@ -94,6 +105,7 @@ class BacklogSnapshot:
             "waiting": self.waiting,
             "retrying": self.retrying,
             "running": self.running,
+            "deferred_beyond_horizon": self.deferred_beyond_horizon,
         }
 
 
@@ -114,10 +126,15 @@ def backlog_keys(queue: str) -> list[str]:
 
 def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSnapshot:
     """Waiting, retrying and running work of `queue`, read in one round trip. Raises RedisError."""
-    waiting, retrying, running = _SNAPSHOT(
-        keys=backlog_keys(queue), client=client or redis_client()
+    waiting, retrying, running, later = _SNAPSHOT(
+        keys=backlog_keys(queue), args=[wait_horizon()], client=client or redis_client()
     )
-    return BacklogSnapshot(waiting=int(waiting), retrying=int(retrying), running=int(running))
+    return BacklogSnapshot(
+        waiting=int(waiting),
+        retrying=int(retrying),
+        running=int(running),
+        deferred_beyond_horizon=int(later),
+    )
 
 
 def attempt_started(

@@ -11,7 +11,9 @@ Each worker wakes the store of the queue it consumes (`jobs.bootsteps.DelayedWak
 in three steps:
 
 1. lease: one Lua script moves the due entries to the queue's leased set with a
-   deadline, so each entry goes to exactly one waker (expired leases are due again);
+   deadline, so each entry goes to exactly one waker (expired leases are due again;
+   so are entries due past the wait horizon, jobs.policy.wait_horizon, which no wait
+   of today reaches: stored before the bound, they are published to end rate limited);
 2. publish: the job's message goes to its queue, carrying the entry's id and a fresh
    publish id;
 3. release: the entry leaves the leased set.
@@ -36,7 +38,7 @@ import redis
 from celery import current_app
 
 from config.redis import REDIS_NOW_LUA, lua, redis_client
-from jobs.policy import DEFERRAL, RetryPolicy, delay
+from jobs.policy import DEFERRAL, RetryPolicy, delay, too_long, wait_horizon
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +60,26 @@ return tostring(due)
 """
 )
 
-# KEYS: delayed, leased. ARGV: batch, lease seconds.
+# KEYS: delayed, leased. ARGV: batch, lease seconds, horizon seconds.
+# Entries due past the horizon (stored before RATELIMIT_MAX_WAIT_SECONDS bounded every
+# wait, or under a longer bound) are leased with the due ones: published now, each
+# meets its block again and ends rate limited (jobs.task) instead of waiting for years.
 _LEASE_DUE = lua(
     REDIS_NOW_LUA
     + """
 local now = redis_now()
+local batch = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 for _, member in ipairs(expired) do
   redis.call('ZREM', KEYS[2], member)
   redis.call('ZADD', KEYS[1], now, member)
 end
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch)
+if #due < batch then
+  local beyond = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now + tonumber(ARGV[3])), '+inf',
+    'LIMIT', 0, batch - #due)
+  for _, member in ipairs(beyond) do table.insert(due, member) end
+end
 for _, member in ipairs(due) do
   redis.call('ZREM', KEYS[1], member)
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), member)
@@ -197,9 +208,12 @@ def lease_due(
     lease_seconds: float = LEASE_SECONDS,
     batch: int = WAKE_BATCH,
 ) -> list[bytes]:
-    """Step 1: lease the due entries of `queue` (and those whose lease expired)."""
+    """Step 1: lease the due entries of `queue` (and those whose lease expired, and those
+    due past the wait horizon, jobs.policy.wait_horizon)."""
     return _LEASE_DUE(
-        keys=[delayed_key(queue), leased_key(queue)], args=[batch, lease_seconds], client=client
+        keys=[delayed_key(queue), leased_key(queue)],
+        args=[batch, lease_seconds, wait_horizon()],
+        client=client,
     )
 
 
@@ -229,7 +243,9 @@ def wake_due(queue: str, *, client: redis.Redis, app=None) -> int:
         for member in members:
             entry = Entry.loads(member)
             blocked_for = _still_blocked_for(entry, client)
-            if blocked_for is not None:
+            # Past the bound the job is published all the same: it meets the block and
+            # ends rate limited (jobs.task), rather than waiting on in the store.
+            if blocked_for is not None and not too_long(blocked_for):
                 # A newer answer closed its bucket for longer: wait that out in full.
                 postpone = delay(RetryPolicy(), DEFERRAL, after=blocked_for)
                 _POSTPONE(

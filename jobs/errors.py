@@ -4,7 +4,8 @@ Downstream code (the page fetch, a link check, GitHub, a webhook POST) says what
 went wrong with one of these, and the job runtime decides what happens next
 (`jobs.policy`): a `Transient` error is retried with backoff, or after the
 downstream's own `retry_after` in full; a `RateLimited` wait is deferred without
-spending an attempt; a `Permanent` error ends the job at once.
+spending an attempt; a `Permanent` error ends the job at once. A wait longer than
+RATELIMIT_MAX_WAIT_SECONDS ends the job too, as `WaitTooLong`, carrying the time asked for.
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ class Permanent(Exception):
     def __init__(self, message: str, *, status_code: int | None = None):
         super().__init__(storable_message(message))
         self.status_code = status_code
+
+
+class WaitTooLong(Permanent):
+    """A downstream asked for a longer wait than RATELIMIT_MAX_WAIT_SECONDS: the job is not
+    held that long, it ends rate limited. `retry_at` (epoch seconds) is when the downstream
+    said it may be asked again."""
+
+    def __init__(self, message: str, *, retry_at: float, status_code: int | None = None):
+        super().__init__(message, status_code=status_code)
+        self.retry_at = retry_at
+
+    def __reduce__(self):
+        return (_rebuild, (self.__class__, self.args, self.__dict__))
 
 
 class MalformedTaskMessage(Permanent):

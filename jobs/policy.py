@@ -12,6 +12,11 @@ Every wait Plumb imposes comes from `delay()`:
 - a deferral nobody timed (every slot of a host busy): backoff on the job's deferral
   count from the policy's `defer_base`, capped at `defer_max`.
 
+No wait is longer than `wait_horizon()`: RATELIMIT_MAX_WAIT_SECONDS plus its jitter. A
+named wait past RATELIMIT_MAX_WAIT_SECONDS is not a wait at all (`too_long`): the job
+ends rate limited instead (jobs.task), so nothing owed a slot is due beyond the horizon,
+and the backlog admission counts is what can run within it (jobs.backlog).
+
 A task declares its policy with one `RetryPolicy` object. Values that operators set
 are read when used (a callable), so a changed setting applies without a restart
 of anything but the process that reads it.
@@ -91,6 +96,29 @@ class RetryPolicy:
         return isinstance(exc, (Transient, *self.retry_on))
 
 
+def longest_wait() -> float:
+    """The longest wait a downstream may name for a job (RATELIMIT_MAX_WAIT_SECONDS)."""
+    return settings.RATELIMIT_MAX_WAIT_SECONDS
+
+
+def too_long(after: float | None) -> bool:
+    """A named wait the job does not wait: it ends rate limited instead (jobs.task)."""
+    return after is not None and after > longest_wait()
+
+
+def named_wait_jitter(after: float) -> float:
+    """The most jitter `delay` adds to a wait somebody named."""
+    return max(1.0, 0.1 * after)
+
+
+def wait_horizon() -> float:
+    """The latest, from now, that any wait `delay` gives is due: the longest named wait
+    plus its jitter. Entries of the delayed store due later were stored before the bound
+    (or under a longer one): the waker publishes them now (jobs.delayed)."""
+    bound = longest_wait()
+    return bound + named_wait_jitter(bound)
+
+
 def jitter_enabled() -> bool:
     # Off only to reproduce the old, unjittered policy in a benchmark (RETRY_JITTER=false).
     return settings.RETRY_JITTER
@@ -113,9 +141,13 @@ def delay(
 
     `step` counts the waits of this kind so far, this one included (the attempt for
     a retry, the deferral count for a deferral); `after` is a wait somebody named:
-    a Retry-After, a bucket's reset, a breaker's release time.
+    a Retry-After, a bucket's reset, a breaker's release time. Never past
+    `wait_horizon()`: a caller that must not shorten a named wait asks `too_long` first.
     """
-    rng = rng or random
+    return min(_delay(policy, reason, step=step, after=after, rng=rng or random), wait_horizon())
+
+
+def _delay(policy: RetryPolicy, reason: Reason, *, step: int, after: float | None, rng) -> float:
     jitter = jitter_enabled()
     if after is not None:
         after = max(0.0, after)
@@ -123,7 +155,7 @@ def delay(
             return after
         if reason == PARK:
             return after + rng.uniform(0, PARK_JITTER_SECONDS)
-        return after + rng.uniform(0, max(1.0, 0.1 * after))
+        return after + rng.uniform(0, named_wait_jitter(after))
     if reason == DEFERRAL:
         wait = exponential(step, base=policy.defer_base, cap=policy.defer_max())
     else:

@@ -14,7 +14,8 @@ Around each run it puts, in this order:
    `RateLimited` defers the job without spending an attempt, up to the policy's
    deferrals; `Transient` (and the policy's `retry_on`) retries it after
    `jobs.policy.delay`; anything else, or a retry past the last attempt, ends it as
-   a dead letter (jobs.deadletters).
+   a dead letter (jobs.deadletters). A wait a downstream names past
+   RATELIMIT_MAX_WAIT_SECONDS is no wait: the job ends rate limited (`after_wait_too_long`).
 
 Every wait takes the same road (`_wait`): a short retry rides in the broker as an ETA
 message that a worker holds, when the policy allows it; every other wait (a longer
@@ -41,7 +42,7 @@ from redis import RedisError
 
 from config.redis import redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
-from jobs.errors import MalformedTaskMessage, RateLimited, Transient
+from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
 from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
 from jobs.policy import (
     DEFERRAL,
@@ -51,6 +52,8 @@ from jobs.policy import (
     RetryPolicy,
     delay,
     longest_held_countdown,
+    longest_wait,
+    too_long,
 )
 
 log = logging.getLogger(__name__)
@@ -280,7 +283,13 @@ class PlumbTask(Task):
         exc: BaseException | None = None,
         deferrals: int | None = None,
     ):
-        """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park)."""
+        """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park).
+
+        A wait a downstream named past RATELIMIT_MAX_WAIT_SECONDS is not waited
+        (`_refuse_wait`): the job ends rate limited.
+        """
+        if reason != PARK and too_long(after):
+            return self._refuse_wait(after, why=why, exc=exc)
         request = self.request
         seconds = delay(self.policy, reason, step=step, after=after)
         queue = self._queue()
@@ -340,6 +349,28 @@ class PlumbTask(Task):
             raise Retry(exc=exc, when=seconds)
         raise Waiting(why)
 
+    def _refuse_wait(self, after: float, *, why: str, exc: BaseException | None):
+        """End the job rate limited, carrying the time asked for: its hook records the
+        outcome (returns None), or it fails with WaitTooLong (a dead letter, as any
+        failure)."""
+        request = self.request
+        retry_at = time.time() + after
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(retry_at))
+        error = WaitTooLong(
+            f"rate limited until {until} (longer than the {longest_wait():g} s "
+            f"RATELIMIT_MAX_WAIT_SECONDS allows): {why}",
+            retry_at=retry_at,
+            status_code=getattr(exc, "status_code", None),
+        )
+        log.info(
+            "task.wait_refused",
+            extra={"task": self.name, "task_id": request.id, "retry_at": error.retry_at,
+                   "reason": why},
+        )  # fmt: skip
+        if self.after_wait_too_long(error, args=request.args, kwargs=request.kwargs):
+            return None
+        raise error from exc
+
     def _queue(self) -> str:
         """The queue this message came from (or the task's own)."""
         delivery_info = self.request.delivery_info or {}
@@ -395,6 +426,12 @@ class PlumbTask(Task):
 
     def after_final_failure(self, exc, *, args, kwargs) -> None:
         """Called once no attempt is left (or the error was not retryable)."""
+
+    def after_wait_too_long(self, error: WaitTooLong, *, args, kwargs) -> bool:
+        """A downstream asked for a wait past RATELIMIT_MAX_WAIT_SECONDS. Return True once
+        the job's outcome is recorded (it ends as done); False fails it with `error`
+        (dead letter, then `after_final_failure`)."""
+        return False
 
     def replay_dead_letter(self, args: list, kwargs: dict) -> str:
         """Enqueue the task again from a dead letter; return the new task id.

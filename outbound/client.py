@@ -201,6 +201,11 @@ class OutboundClient:
         if deadline is not None:
             request.extensions[bounded.DEADLINE] = deadline
         for step in range(1, MAX_INLINE_RETRIES + 2):
+            # A bucket closed past the inline budget is refused before a slot is taken: a
+            # host that blocked us for hours must not hold its callers to its slot rate.
+            closed = self._admit(key, resource)
+            if not closed.go and closed.wait_seconds() > self._inline_budget(deadline):
+                raise RateLimited(key, resource, closed.until, reason="admission")
             with self._slot(request.url, key, deadline):
                 admission = self._admit(key, resource)
                 if admission.go:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -12,29 +13,48 @@ from email.utils import parsedate_to_datetime
 # seconds at some others. No real delta is this large (about 31 years), and no
 # epoch this small is in the future, so the value itself tells them apart.
 EPOCH_THRESHOLD = 1_000_000_000
+# The farthest a response may put a time (Retry-After, a reset): any value beyond it,
+# however absurd (400 digits, a year-9999 date, an epoch of 1e300), reads as this far,
+# so every time stays a number a datetime, Redis and PostgreSQL can hold. A wait this
+# long is never waited anyway (RATELIMIT_MAX_WAIT_SECONDS); the time is only reported.
+FARTHEST_SECONDS = 100 * 365 * 24 * 3600
+# Counts (limit, remaining, used) fit a PostgreSQL integer.
+LARGEST_COUNT = 2**31 - 1
+# More digits than any real value has: read as "beyond FARTHEST_SECONDS" without
+# converting them (Python refuses to convert more than 4,300 digits to an int).
+MAX_DIGITS = 15
+
+
+def _seconds_ahead(seconds: float) -> float:
+    """`seconds` clamped to [0, FARTHEST_SECONDS] (NaN reads as 0)."""
+    if seconds != seconds or seconds <= 0:
+        return 0.0
+    return min(seconds, float(FARTHEST_SECONDS))
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date.
 
-    Never truncated; a date in the past means "now" (0). Returns None when the
-    header is absent or unreadable, so the caller falls back to its own backoff.
+    Never shortened; a date in the past means "now" (0), anything farther than
+    FARTHEST_SECONDS reads as that far. Returns None when the header is absent or
+    unreadable (a negative number, "inf"), so the caller falls back to its own backoff.
     """
     if value is None:
         return None
     text = value.strip()
     if not text:
         return None
-    if text.isdigit():
-        return float(text)
+    if text.isascii() and text.isdigit():
+        return _seconds_ahead(float(FARTHEST_SECONDS) if len(text) > MAX_DIGITS else float(text))
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+        stamp = when.timestamp() if when is not None else None
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when is None:
+    if stamp is None:
         return None
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return _seconds_ahead(stamp - current)
 
 
 @dataclass(frozen=True)
@@ -56,20 +76,37 @@ class LimitHeaders:
         )
 
 
-def _int(value: str | None) -> int | None:
+def _number(value: str | None) -> float | None:
+    """A number (400 digits read as infinity, clamped by the caller), or None when absent
+    or unreadable (NaN included)."""
     if value is None:
         return None
     try:
-        return int(float(value.strip()))
+        number = float(value.strip())
     except ValueError:
         return None
+    return None if math.isnan(number) else number
+
+
+def _int(value: str | None) -> int | None:
+    number = _number(value)
+    if number is None:
+        return None
+    return int(max(-LARGEST_COUNT, min(LARGEST_COUNT, number)))
+
+
+def _delta_reset(value: str | None, now: float) -> float | None:
+    number = _number(value)
+    return None if number is None else now + _seconds_ahead(number)
 
 
 def _reset_at(value: str | None, now: float) -> float | None:
-    number = _int(value)
+    number = _number(value)
     if number is None:
         return None
-    return float(number) if number >= EPOCH_THRESHOLD else now + max(0, number)
+    if number >= EPOCH_THRESHOLD:
+        return now + _seconds_ahead(number - now) if number > now else number
+    return now + _seconds_ahead(number)
 
 
 # IETF draft fields. Older drafts: `RateLimit: limit=100, remaining=50, reset=30`
@@ -113,8 +150,9 @@ def parse_limit_headers(headers: Mapping[str, str], *, now: float | None = None)
         )
     if reset_at is None:
         # IETF reset is always delta-seconds.
-        delta = _int(ietf.get("reset") or ietf.get("t") or headers.get("ratelimit-reset"))
-        reset_at = current + max(0, delta) if delta is not None else None
+        reset_at = _delta_reset(
+            ietf.get("reset") or ietf.get("t") or headers.get("ratelimit-reset"), current
+        )
     policy_name = None
     if (
         policy_field

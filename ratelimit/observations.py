@@ -131,8 +131,8 @@ class Observation:
         observed_at: float,
         blocked_until: float | None = None,
     ) -> Observation:
-        if blocked_until is None and limits.retry_after is not None:
-            blocked_until = observed_at + limits.retry_after
+        # `blocked_until` is the classification's alone (ratelimit.responses.classify):
+        # a Retry-After on any other answer (a 200, a 301, a 500) blocks nobody.
         return cls(
             key=key,
             resource=resource,

@@ -18,7 +18,10 @@ from reaudit.tasks import NIGHT_TASKS
 
 pytestmark = pytest.mark.django_db
 
-QUEUE_FIELDS = {"backlog", "waiting", "retrying", "running", "scheduled", "max_depth"}
+QUEUE_FIELDS = {
+    "backlog", "waiting", "retrying", "running", "scheduled", "max_depth",
+    "deferred_beyond_horizon",
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -207,6 +210,7 @@ def test_the_queue_endpoint_reports_the_backlog(
         "running": 0,
         "scheduled": 1,
         "max_depth": 50,
+        "deferred_beyond_horizon": 0,
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 
 import pytest
 
@@ -176,6 +177,30 @@ def test_a_60s_retry_after_causes_no_inline_retry_and_a_queue_retry_60s_later_wi
     checks = LinkCheck.objects.filter(audit=audit)
     assert {check.status for check in checks} == {LinkCheck.Status.RATE_LIMITED_PENDING}
     time.sleep(1)
+    assert len(fake_github.requests(identity=fake_github.installation)) == 1
+
+
+@pytest.mark.slow
+def test_a_secondary_limit_longer_than_the_bound_reports_the_links_rate_limited(
+    fake_github, linked_page, start_worker, redis_client
+):
+    # Past RATELIMIT_MAX_WAIT_SECONDS (an hour): no wait in the store, the links end.
+    fake_github.secondary_limit(fake_github.installation, retry_after=7200)
+    page = linked_page(REPO_LINKS[:3])
+    start_worker("audits", env=fake_github.worker_env)
+    audit = submit(f"{page.url}/")
+    done = wait_for(
+        lambda: (found := Audit.objects.get(id=audit.id)).status == Audit.Status.SUCCEEDED
+        and found,
+        timeout=30, message="the audit to finish with its links rate limited",
+    )  # fmt: skip
+    links = done.result["links"]
+    assert [link["status"] for link in links] == ["rate_limited"] * 3
+    revealed = fake_github.requests(identity=fake_github.installation)[0].at
+    for link in links:
+        retry_at = datetime.fromisoformat(link["retry_at"]).timestamp()
+        assert revealed + 7200 - 5 <= retry_at <= revealed + 7200 * 1.1 + 5
+    assert parked_entries(redis_client) == []
     assert len(fake_github.requests(identity=fake_github.installation)) == 1
 
 

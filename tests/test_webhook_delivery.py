@@ -130,6 +130,19 @@ def test_a_receivers_retry_after_is_obeyed(receiver, start_worker):
     assert delivery(row).attempts == 2
 
 
+def test_a_receiver_asking_for_longer_than_the_bound_fails_the_delivery_saying_so(
+    receiver, start_worker
+):
+    # Before RATELIMIT_MAX_WAIT_SECONDS, the delivery waited in the store until 2058.
+    hook = receiver(lambda at, number: (503, {"Retry-After": "999999999"}))
+    start_webhooks_worker(start_worker, **FAST_RETRIES)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
+    assert hook.count() == 1
+    year = datetime.fromtimestamp(time.time() + 999999999, tz=UTC).year
+    assert f"rate limited until {year}-" in delivery(row).last_error
+
+
 def test_a_failing_destination_opens_its_breaker_and_its_deliveries_wait_parked(
     receiver, start_worker
 ):

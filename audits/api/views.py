@@ -150,7 +150,16 @@ QUEUE_DEPTH = inline_serializer(
     "QueueDepth",
     {
         name: serializers.IntegerField(min_value=0)
-        for name in ("backlog", "waiting", "retrying", "running", "scheduled", "max_depth")
+        for name in (
+            "backlog",
+            "waiting",
+            "retrying",
+            "running",
+            "scheduled",
+            "max_depth",
+            # Waits past the horizon (RATELIMIT_MAX_WAIT_SECONDS): seen, not in `backlog`.
+            "deferred_beyond_horizon",
+        )
     },
 )
 

@@ -1,0 +1,197 @@
+"""Issue 31, point 1, end to end: a host's decades-long Retry-After cannot close
+submissions for everyone, and a Retry-After on a 200 holds nobody. Real HTTP servers on
+127.0.0.1, the API, a real `audits` worker and Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import pytest
+from rest_framework.test import APIClient
+
+from audits.models import Audit, LinkCheck
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+LINKS_PER_PAGE = 100
+# What the finding's host answered to every link.
+DECADES = "999999999"
+
+
+class Host(ThreadingHTTPServer):
+    """`/page/<n>` lists LINKS_PER_PAGE links to `links_to` (`<links_to>/<n>/<k>`), with
+    `page_headers`; every other path answers `answer` (status, headers) and is counted."""
+
+    daemon_threads = True
+
+    def __init__(self, *, links_to: str = "", page_headers=None, answer=(200, None)):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.links_to = links_to
+        self.page_headers = dict(page_headers or {})
+        self.answer = (answer[0], dict(answer[1] or {}))
+        self.lock = threading.Lock()
+        self.answered = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def start(self) -> Host:
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        server: Host = self.server
+        path = urlsplit(self.path).path
+        if path.startswith("/page/"):
+            page = path.removeprefix("/page/")
+            links = (
+                [f"{server.links_to}/{page}/{k}" for k in range(LINKS_PER_PAGE)]
+                if server.links_to
+                else []
+            )
+            anchors = "".join(f"<a href='{url}'>{url}</a>" for url in links)
+            body = f"<!doctype html><title>Page {page}</title>{anchors}".encode()
+            return self._send(200, {"Content-Type": "text/html", **server.page_headers}, body)
+        with server.lock:
+            server.answered += 1
+        status, headers = server.answer
+        self._send(status, {"Content-Type": "text/html", **headers}, b"<title>no</title>")
+
+    def _send(self, status: int, headers: dict, body: bytes):
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def hosts():
+    started: list[Host] = []
+
+    def start(**options) -> Host:
+        started.append(Host(**options).start())
+        return started[-1]
+
+    yield start
+    for host in started:
+        host.stop()
+
+
+def submit(url: str, address: str):
+    return APIClient().post(
+        "/api/audits",
+        data=json.dumps({"url": url}),
+        content_type="application/json",
+        REMOTE_ADDR=address,
+    )
+
+
+def queue() -> dict:
+    response = APIClient().get("/api/queue")
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_eleven_pages_of_links_to_a_host_asking_for_decades_do_not_close_submissions(
+    hosts, start_worker, settings
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 50  # the finding's 1,000, scaled to the test
+    limiter = hosts(answer=(429, {"Retry-After": DECADES}))
+    pages = hosts(links_to=limiter.url)
+    # Eleven submissions from one address, all admitted while the backlog is small.
+    answers = [submit(f"{pages.url}/page/{n}", "198.51.100.7").status_code for n in range(11)]
+    assert answers == [202] * 11
+    worker = start_worker("audits", concurrency=8, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    checks = LinkCheck.objects.filter(audit__page__url__startswith=pages.url)
+    wait_for(
+        lambda: checks.count() == 11 * LINKS_PER_PAGE and limiter.answered,
+        timeout=120, interval=0.5, message="the pages' 1,100 link checks", show=[worker],
+    )  # fmt: skip
+
+    # Another client is admitted within a couple of minutes: the host's decades are no
+    # backlog. (Before the fix, the links' waits filled it until 2058: 503 every time.)
+    # A refused submission writes nothing and takes no token, so trying again is free.
+    def another_client_admitted():
+        response = submit(f"{pages.url}/page/other", "203.0.113.5")
+        assert response.status_code in (202, 503), response.content
+        return response.status_code == 202
+
+    wait_for(
+        another_client_admitted, timeout=150, interval=1.0,
+        message="another client's submission to be admitted", show=[worker],
+    )  # fmt: skip
+
+    # Each link is reported rate_limited, with when the host said it may be asked again,
+    # and each audit finished; the limiter was asked a few times, not 1,100.
+    wait_for(
+        lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
+        timeout=60, interval=0.5, message="every audit to finish", show=[worker],
+    )  # fmt: skip
+    assert set(checks.values_list("status", flat=True)) == {LinkCheck.Status.RATE_LIMITED}
+    year = datetime.fromtimestamp(time.time() + int(DECADES), tz=UTC).year
+    assert checks.filter(retry_at__year=year).count() == checks.count()
+    for audit in Audit.objects.all():
+        assert audit.status == Audit.Status.SUCCEEDED, audit.error
+        statuses = {link["status"] for link in audit.result["links"]}
+        assert statuses == {"rate_limited"}
+        assert audit.result["links"][0]["retry_at"].startswith(f"{year}-")
+    assert limiter.answered <= 10
+    # /api/queue: what can run soon, which is nothing; nothing deferred for decades.
+    wait_for(lambda: queue()["backlog"] == 0, timeout=30, message="an empty backlog", show=[worker])
+    assert queue()["deferred_beyond_horizon"] == 0
+
+
+def test_a_200_with_retry_after_on_one_audit_does_not_hold_another_clients_audit(
+    hosts, start_worker
+):
+    site = hosts(page_headers={"Retry-After": "86400"})
+    worker = start_worker("audits", concurrency=2, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    first = submit(f"{site.url}/page/a", "198.51.100.7")
+    assert first.status_code == 202
+    wait_for(
+        lambda: Audit.objects.get(id=first.json()["id"]).status in Audit.FINISHED,
+        timeout=60, message="the first audit", show=[worker],
+    )  # fmt: skip
+    second = submit(f"{site.url}/page/b", "203.0.113.5")
+    assert second.status_code == 202
+    # Held for 24 h before the fix (the 200's Retry-After blocked the host for everyone).
+    audit = wait_for(
+        lambda: Audit.objects.filter(id=second.json()["id"], status__in=Audit.FINISHED).first(),
+        timeout=60, message="the other client's audit", show=[worker],
+    )  # fmt: skip
+    assert audit.status == Audit.Status.SUCCEEDED, audit.error
+
+
+def test_a_page_whose_host_asks_for_decades_fails_saying_until_when(hosts, start_worker):
+    site = hosts(page_headers={"Retry-After": DECADES}, answer=(429, {"Retry-After": DECADES}))
+    worker = start_worker("audits", concurrency=2, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    submitted = submit(f"{site.url}/limited", "198.51.100.7")
+    assert submitted.status_code == 202
+    audit = wait_for(
+        lambda: Audit.objects.filter(id=submitted.json()["id"], status__in=Audit.FINISHED).first(),
+        timeout=60, message="the rate-limited audit", show=[worker],
+    )  # fmt: skip
+    assert audit.status == Audit.Status.FAILED
+    year = datetime.fromtimestamp(time.time() + int(DECADES), tz=UTC).year
+    assert f"rate limited until {year}-" in audit.error
+    assert site.answered == 1
+    assert queue()["backlog"] == 0 and queue()["deferred_beyond_horizon"] == 0
