@@ -103,7 +103,8 @@ class AuditTask(PlumbTask):
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
-    enqueue_link_checks(services.execute_audit(audit_id))
+    # A run deferred at a busy redirect target goes on from that hop.
+    enqueue_link_checks(services.execute_audit(audit_id, resume=resumed_from(self.request)))
 
 
 class LinkCheckTask(PlumbTask):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from audits import submission
 from audits.models import Audit, LinkCheck
+from jobs.errors import RateLimited
+from outbound.integrations.page import fetch_page
 from outbound.redirects import RedirectChain
 from outbound.urls import normalize_url, origin_key
 from tests.fake_github import LinkedPage
@@ -106,3 +110,27 @@ def test_a_link_deferred_at_a_busy_redirect_target_asks_the_first_host_once(
     finally:
         for server in (page, moved, target):
             server.stop()
+
+
+@pytest.mark.django_db
+def test_a_page_fetch_deferred_at_a_busy_redirect_target_resumes_there(settings, redis_client):
+    settings.PAGE_FETCH_PER_HOST_CONCURRENCY = 1
+    target = LinkedPage().start()
+    moved = LinkedPage(redirect_to=target.url).start()
+    fetch = functools.partial(
+        fetch_page, f"{moved.url}/moved", timeout=10, max_bytes=100_000,
+        user_agent="plumb-test", allow_private=True,
+    )  # fmt: skip
+    try:
+        busy_target = hold_slot(redis_client, "pages", origin_key(target.url))
+        with pytest.raises(RateLimited) as deferred:
+            fetch()
+        assert deferred.value.resume["current"] == f"{target.url}/moved"
+        redis_client.zrem(busy_target, "held-by-the-test")
+        page = fetch(resume=deferred.value.resume)
+        assert (len(moved.arrivals), len(target.arrivals)) == (1, 1)
+        assert page.final_url == f"{target.url}/moved"
+        assert page.redirects == [{"url": f"{moved.url}/moved", "status_code": 302}]
+    finally:
+        moved.stop()
+        target.stop()
