@@ -212,9 +212,14 @@ def claim_stale_links(audit_id: str) -> list[QueuedCheck]:
 # --- The check's side --------------------------------------------------------
 
 
-def run_shared_check(shared_link_id: int, task_id: str) -> LinkOutcome | None:
+def run_shared_check(
+    shared_link_id: int, task_id: str, *, resume: dict | None = None
+) -> LinkOutcome | None:
     """One attempt at one shared link, by the task its claim names; RateLimited and
-    Transient propagate to the task. None when this task no longer holds the claim."""
+    Transient propagate to the task. None when this task no longer holds the claim.
+
+    `resume` is where a deferred run of this check had got to (a redirect's next hop):
+    the check goes on from there, in whichever client's turn is free now."""
     row = (
         SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id)
         .values_list("url", "suspect_since")
@@ -227,7 +232,7 @@ def run_shared_check(shared_link_id: int, task_id: str) -> LinkOutcome | None:
     github = GitHubClient(credentials) if credentials else None
     try:
         with client_turn(shared_link_id):
-            outcome = check_url(url, github=github)
+            outcome = check_url(url, github=github, resume=resume)
     finally:
         if github is not None:
             github.close()

@@ -54,11 +54,12 @@ def claim_audit(audit_id: str) -> str | None:
     return Audit.objects.filter(id=audit_id).values_list("page__url", flat=True).get()
 
 
-def execute_audit(audit_id: str) -> list[QueuedCheck]:
+def execute_audit(audit_id: str, *, resume: dict | None = None) -> list[QueuedCheck]:
     """Run one attempt of an audit; return the link checks to enqueue.
 
     Transient fetch errors propagate for the task to retry, and so does RateLimited
-    (the page's host asked us to wait), for the task to defer. A page with external
+    (the page's host asked us to wait, or a redirect's target host is busy), for the
+    task to defer; `resume` is where a deferred run's redirects had got to. A page with external
     links moves on to `checking_links`; the last check (or the deadline sweep)
     finishes the audit.
     """
@@ -72,6 +73,7 @@ def execute_audit(audit_id: str) -> list[QueuedCheck]:
             max_bytes=settings.AUDIT_MAX_PAGE_BYTES,
             user_agent=settings.AUDIT_USER_AGENT,
             allow_private=settings.AUDIT_ALLOW_PRIVATE_TARGETS,
+            resume=resume,
         )
     except Permanent as exc:
         Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(exc))

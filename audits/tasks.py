@@ -21,6 +21,7 @@ from audits import linkcheck, services
 from audits.linkcheck import LINK_CHECK_TIME_LIMIT_SECONDS, QueuedCheck
 from audits.models import Audit
 from jobs.errors import CannotReplay, MalformedTaskMessage
+from jobs.headers import resumed_from
 from jobs.policy import DATABASE_UNAVAILABLE, DEFERRAL, RETRY, RetryPolicy
 from jobs.task import PlumbTask
 from outbound.urls import origin_key_or_none
@@ -106,7 +107,8 @@ class AuditTask(PlumbTask):
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
-    enqueue_link_checks(services.execute_audit(audit_id))
+    # A run deferred at a busy redirect target goes on from that hop.
+    enqueue_link_checks(services.execute_audit(audit_id, resume=resumed_from(self.request)))
 
 
 class LinkCheckTask(PlumbTask):
@@ -136,8 +138,9 @@ class LinkCheckTask(PlumbTask):
     time_limit=LINK_CHECK_TIME_LIMIT_SECONDS,
 )
 def check_shared_link(self, shared_link_id: int) -> None:
-    """One distinct link's check, for every audit listing it (its claim names this task)."""
-    linkcheck.run_shared_check(shared_link_id, self.request.id)
+    """One distinct link's check, for every audit listing it (its claim names this task),
+    from the redirect hop a deferred run of it reached."""
+    linkcheck.run_shared_check(shared_link_id, self.request.id, resume=resumed_from(self.request))
 
 
 class HousekeepingTask(PlumbTask):

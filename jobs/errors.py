@@ -50,13 +50,25 @@ class RateLimited(Transient):
     `default`; `github-installation:77`, `core`): the job is woken when that bucket
     admits it again. `retry_at` None means nobody said when (all of a host's
     slots are busy): the policy backs off on the job's deferral count.
+
+    `resume` (JSON) says where the run had got to, when it was stopped part-way (a
+    redirect chain at a busy hop): the deferred job's next run starts there
+    (jobs.headers.RESUME_HEADER) instead of asking again what was answered already.
     """
 
-    def __init__(self, key: str, resource: str, retry_at: float | None, reason: str = ""):
+    def __init__(
+        self,
+        key: str,
+        resource: str,
+        retry_at: float | None,
+        reason: str = "",
+        resume: dict | None = None,
+    ):
         self.key = key
         self.resource = resource
         self.retry_at = retry_at
         self.reason = reason
+        self.resume = resume
         when = (
             "until " + time.strftime("%H:%M:%S UTC", time.gmtime(retry_at))
             if retry_at is not None
@@ -73,7 +85,10 @@ class RateLimited(Transient):
         return self.key, self.resource
 
     def __reduce__(self):
-        return (self.__class__, (self.key, self.resource, self.retry_at, self.reason))
+        return (
+            self.__class__,
+            (self.key, self.resource, self.retry_at, self.reason, self.resume),
+        )
 
 
 class Permanent(Exception):

@@ -11,6 +11,10 @@ FIRST_FAILED_AT_HEADER = "plumb_first_failed_at"
 DEFERRALS_HEADER = "plumb_deferrals"
 # Carried from one wait to the next.
 CARRIED_HEADERS = (FIRST_FAILED_AT_HEADER, DEFERRALS_HEADER)
+# Where a deferred run had got to (`RateLimited.resume`, JSON), for the next run to
+# start there: carried by deferrals and parks (no attempt was spent, so the attempt
+# goes on), dropped by a retry (a new attempt starts from the beginning).
+RESUME_HEADER = "plumb_resume"
 
 
 def header(request, name: str):
@@ -19,3 +23,8 @@ def header(request, name: str):
     if value is None:
         value = (request.headers or {}).get(name)
     return value
+
+
+def resumed_from(request):
+    """Where the previous run of this job stopped when it was deferred, or None."""
+    return header(request, RESUME_HEADER)

@@ -43,7 +43,13 @@ from redis import RedisError
 from config.redis import redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
-from jobs.headers import CARRIED_HEADERS, DEFERRALS_HEADER, FIRST_FAILED_AT_HEADER, header
+from jobs.headers import (
+    CARRIED_HEADERS,
+    DEFERRALS_HEADER,
+    FIRST_FAILED_AT_HEADER,
+    RESUME_HEADER,
+    header,
+)
 from jobs.policy import (
     DEFERRAL,
     INFRASTRUCTURE_UNAVAILABLE,
@@ -309,6 +315,12 @@ class PlumbTask(Task):
             headers.setdefault(FIRST_FAILED_AT_HEADER, time.time())
         if deferrals is not None:
             headers[DEFERRALS_HEADER] = deferrals
+        if reason != RETRY:
+            # No attempt spent: the next run goes on from where this one (or an earlier
+            # deferred one) stopped. A retry is a new attempt, from the beginning.
+            resume = getattr(exc, "resume", None) or header(request, RESUME_HEADER)
+            if resume is not None:
+                headers[RESUME_HEADER] = resume
         log.info(
             LOG_EVENTS[reason],
             extra={

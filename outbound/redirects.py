@@ -5,6 +5,11 @@ admitted, observed and counted request (`OutboundClient.send`), its target is
 normalized like a submitted URL, and the guard checks each hop's address when
 it connects. What a long chain or a bad Location means is the caller's to say:
 the page fetch fails the audit, the link check reports the link broken.
+
+A hop that may not be asked now (its origin's slots busy, its bucket closed) raises
+RateLimited carrying where the chain got to (`RedirectChain.where`); the deferred
+job resumes there (`RedirectChain.resumed`), so the hops that answered already are
+not asked again, and the chain it reports is still the whole one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from urllib.parse import urljoin
 
 import httpx
 
+from jobs.errors import RateLimited
 from outbound.client import OutboundClient
 from outbound.urls import InvalidURL, normalize_url
 
@@ -52,6 +58,22 @@ class RedirectChain:
         self.current = url
         self.redirects: list[dict] = []
 
+    def where(self) -> dict:
+        """Where the chain has got to, as JSON: for a deferred job to resume it."""
+        return {"url": self.url, "current": self.current, "redirects": self.redirects}
+
+    @classmethod
+    def resumed(cls, url: str, where) -> RedirectChain:
+        """The chain of `url`, from where a deferred run of it got to (`where`); from the
+        start when `where` is None or not a point of this chain (it came in a message)."""
+        chain = cls(url)
+        if _is_point_of(url, where):
+            chain.current = where["current"]
+            chain.redirects = [
+                {"url": hop["url"], "status_code": hop["status_code"]} for hop in where["redirects"]
+            ]
+        return chain
+
     def follow(self, outbound: OutboundClient, *, deadline: float) -> httpx.Response:
         """The first answer that is not a redirect, streamed and open: the caller closes it.
 
@@ -65,7 +87,12 @@ class RedirectChain:
             request = outbound.http.build_request(
                 "GET", self.current, timeout=httpx.Timeout(remaining)
             )
-            response = outbound.send(request, stream=True, deadline=deadline)
+            try:
+                response = outbound.send(request, stream=True, deadline=deadline)
+            except RateLimited as exc:
+                if self.redirects:
+                    exc.resume = self.where()
+                raise
             status = response.status_code
             if status not in REDIRECT_STATUSES or "location" not in response.headers:
                 return response
@@ -84,3 +111,24 @@ class RedirectChain:
                 raise UnfollowableRedirect(
                     str(exc), status_code=status, location=location
                 ) from None
+
+
+def _is_point_of(url: str, where) -> bool:
+    """`where` is a point `RedirectChain.where` gave for `url`: the chain's own start, at
+    most MAX_REDIRECTS hops of (URL, redirect status), and a URL Plumb fetches next."""
+    if not isinstance(where, dict) or where.get("url") != url:
+        return False
+    hops, current = where.get("redirects"), where.get("current")
+    if not isinstance(hops, list) or not 0 < len(hops) <= MAX_REDIRECTS:
+        return False
+    if not all(
+        isinstance(hop, dict)
+        and isinstance(hop.get("url"), str)
+        and hop.get("status_code") in REDIRECT_STATUSES
+        for hop in hops
+    ):
+        return False
+    try:
+        return isinstance(current, str) and normalize_url(current).url == current
+    except InvalidURL:
+        return False

@@ -375,6 +375,12 @@ class LinkedPageHandler(BaseHTTPRequestHandler):
         # Out of flight before the answer leaves: no client can have it before this runs.
         with server.lock:
             server.in_flight -= 1
+        if server.redirect_to:
+            self.send_response(302)
+            self.send_header("Location", f"{server.redirect_to}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self._send(b"<!doctype html><title>Target</title>")
 
     def _send(self, body: bytes):
@@ -386,14 +392,18 @@ class LinkedPageHandler(BaseHTTPRequestHandler):
 
 
 class LinkedPage(ThreadingHTTPServer):
-    """`/` links to `links`; every other path is a link target that records its arrivals."""
+    """`/` links to `links`; every other path is a link target that records its arrivals
+    (and, with `redirect_to`, redirects to the same path there)."""
 
     daemon_threads = True
 
-    def __init__(self, links: list[str] | None = None, *, delay: float = 0.0):
+    def __init__(
+        self, links: list[str] | None = None, *, delay: float = 0.0, redirect_to: str = ""
+    ):
         super().__init__(("127.0.0.1", 0), LinkedPageHandler)
         self.links = list(links or [])
         self.delay = delay
+        self.redirect_to = redirect_to
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0

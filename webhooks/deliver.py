@@ -2,9 +2,10 @@
 
 `audit.finished` goes to the submission's callback URL, signed with its secret;
 `audit.changed` to the page callback, signed with the page's secret, when the
-finished audit found changes. The signing, the POST and the destination host's
-slots are the webhook integration's (`outbound.integrations.webhook`); this module
-keeps the deliveries' rows: creating, claiming and recording each attempt.
+finished audit found changes. The signing and the POST (holding one of the receiver's
+slots for the exchange only) are the webhook integration's
+(`outbound.integrations.webhook`); this module keeps the deliveries' rows: creating,
+claiming and recording each attempt.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from audits.api.serializers import AuditSerializer
 from audits.models import Audit
 from audits.summary import abridged_changes, abridged_result
 from config.redis import redis_client
-from jobs.errors import MalformedTaskMessage, Permanent, Transient
+from jobs.errors import MalformedTaskMessage, Permanent, RateLimited, Transient
 from outbound.integrations import webhook
 from webhooks.models import Delivery
 
@@ -157,13 +158,13 @@ def pending_url(delivery_id: str) -> str | None:
 
 
 def run_delivery(delivery_id: str) -> Outcome:
-    """One attempt, if no other is in flight and a slot for the destination host is free.
+    """One attempt, if no other is in flight.
 
-    A full host raises RateLimited before the attempt is claimed (no attempt
-    used); a failed attempt raises Transient or Permanent.
+    A receiver whose slots are all busy raises RateLimited, and the attempt it had
+    claimed is given back (`attempt_delivery`); a failed attempt raises Transient or
+    Permanent.
     """
-    target = pending_url(delivery_id)
-    if target is None:
+    if pending_url(delivery_id) is None:
         log.info(
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}
         )
@@ -175,8 +176,7 @@ def run_delivery(delivery_id: str) -> Outcome:
                 extra={"delivery_id": delivery_id, "reason": "attempted meanwhile by another"},
             )
             return Outcome.GONE
-        with webhook.host_slot(target):
-            return attempt_delivery(delivery_id, lease=lease)
+        return attempt_delivery(delivery_id, lease=lease)
 
 
 @contextlib.contextmanager
@@ -274,6 +274,10 @@ def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
         raise Transient("the attempt's lease lapsed before its request (the database was slow)")
     try:
         status_code = webhook.post(delivery.url, body=body, headers=headers)
+    except RateLimited:
+        # Every slot of the receiver was busy: no request was made, so no attempt was.
+        give_back_attempt(delivery_id)
+        raise
     except (Transient, Permanent) as exc:
         record_failure(delivery_id, status_code=exc.status_code, error=str(exc))
         raise
@@ -301,6 +305,13 @@ def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
 
 
 # --- Recording what happened -------------------------------------------------------
+
+
+def give_back_attempt(delivery_id: str) -> None:
+    """Uncount the attempt `claim_delivery` counted: its POST was never sent."""
+    Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).update(
+        status=Delivery.Status.RETRYING, attempts=F("attempts") - 1
+    )
 
 
 def record_failure(delivery_id: str, *, status_code: int | None, error: str) -> None:

@@ -74,12 +74,17 @@ def github_repository(url: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2)
 
 
-def check_url(url: str, *, github: GitHubClient | None = None) -> LinkOutcome:
-    """Check one link. Raises RateLimited (defer) or Transient (retry)."""
+def check_url(
+    url: str, *, github: GitHubClient | None = None, resume: dict | None = None
+) -> LinkOutcome:
+    """Check one link. Raises RateLimited (defer) or Transient (retry).
+
+    `resume` is where a deferred check of the link had got to (`RateLimited.resume`).
+    """
     repository = github_repository(url) if github is not None else None
     if repository is not None:
         return check_github_repository(github, *repository)
-    return check_http(url)
+    return check_http(url, resume=resume)
 
 
 def check_github_repository(github: GitHubClient, owner: str, name: str) -> LinkOutcome:
@@ -111,10 +116,12 @@ def _does_not_resolve(exc: BaseException) -> bool:
     return False
 
 
-def check_http(url: str) -> LinkOutcome:
-    """GET the link (no body read), following up to five redirects, host by host politely."""
+def check_http(url: str, *, resume: dict | None = None) -> LinkOutcome:
+    """GET the link (no body read), following up to five redirects, host by host politely;
+    from the hop a deferred check had reached, given its `resume`. A hop whose host is
+    busy raises RateLimited saying where the chain got to."""
     timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
-    chain = RedirectChain(url)
+    chain = RedirectChain.resumed(url, resume)
     http = shared_client(timeout=timeout)
     outbound = OutboundClient(http, slots=link_check_slots())
     try:

@@ -67,8 +67,10 @@ def fetch_page(
     max_bytes: int,
     user_agent: str,
     allow_private: bool,
+    resume: dict | None = None,
 ) -> FetchedPage:
-    """Fetch `url`, following up to five redirects, within `timeout` seconds in all.
+    """Fetch `url`, following up to five redirects, within `timeout` seconds in all;
+    from the hop a deferred fetch had reached, given its `resume` (`RateLimited.resume`).
 
     The timeout bounds the whole fetch (every hop, its headers and the body), so a
     server that trickles headers or a body without end still ends the audit on time;
@@ -82,7 +84,7 @@ def fetch_page(
     """
     started = time.monotonic()
     deadline = started + timeout
-    chain = RedirectChain(url)
+    chain = RedirectChain.resumed(url, resume)
     client = shared_client(
         timeout=timeout,
         user_agent=user_agent,

@@ -1,4 +1,4 @@
-"""Webhook receivers: the Standard Webhooks secret and signature, the POST, the host's slots.
+"""Webhook receivers: the Standard Webhooks secret and signature, the POST and its slots.
 
 Deliveries follow the Standard Webhooks specification: `webhook-id` (the
 delivery's id, the same on every attempt), `webhook-timestamp` and
@@ -10,14 +10,16 @@ delivered; 408, 425, 429 and 5xx raise Transient with the receiver's
 Retry-After; any other 4xx (and a forbidden address) raises Permanent. A
 receiver's 429 is an ordinary failed attempt, not a rate-limit observation: the
 POST goes through the one sender without admission.
+
+The POST holds one of its receiver's slots (WEBHOOK_PER_HOST_CONCURRENCY per origin)
+through that sender, like every other outbound call: only around the exchange, never
+across the delivery's database work or its payload build.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import httpx
@@ -29,8 +31,6 @@ from outbound import hostslots
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
 from outbound.statuses import unwanted_answer
-from outbound.urls import origin_key
-from ratelimit.observations import host_key
 
 SECRET_PREFIX = "whsec_"
 # The spec recommends 24 to 64 random bytes; fewer than 16 is too easy to guess.
@@ -67,41 +67,37 @@ def signed_headers(
     }
 
 
-# --- The destination host's slots --------------------------------------------------
+# --- The receiver's slots ---------------------------------------------------------
 
 
 def delivery_slots() -> hostslots.SlotLimit:
-    """WEBHOOK_PER_HOST_CONCURRENCY deliveries in flight per host (0: no limit); a lease
-    outlives any live attempt: the request timeout, twice, plus slack."""
+    """WEBHOOK_PER_HOST_CONCURRENCY POSTs in flight per receiver origin (0: no limit), in
+    a pool of their own: a receiver's slots are not shared with page fetches or link
+    checks of the same origin (each pool answers to its own setting). Never waited for
+    inline: a full receiver raises RateLimited at once (no retry time), so the delivery
+    is deferred and its worker thread moves on. A lease outlives the exchange, whose
+    whole deadline is WEBHOOK_TIMEOUT_SECONDS (outbound.bounded), by a few seconds."""
     return hostslots.SlotLimit(
         "webhooks",
         concurrency=settings.WEBHOOK_PER_HOST_CONCURRENCY,
-        lease=2 * settings.WEBHOOK_TIMEOUT_SECONDS + 5,
+        lease=settings.WEBHOOK_TIMEOUT_SECONDS + 5,
+        wait_inline=False,
     )
-
-
-@contextlib.contextmanager
-def host_slot(url: str) -> Iterator[None]:
-    """Hold one of the destination origin's slots for the block (a receiver on another
-    port of the same host has its own).
-
-    Never waits: a full origin raises RateLimited at once (retry_at None), so the
-    delivery is deferred and its worker thread moves on.
-    """
-    origin = origin_key(url)
-    with hostslots.slot(delivery_slots(), origin, key=host_key(origin), max_wait=None):
-        yield
 
 
 # --- The POST ----------------------------------------------------------------------
 
 
 def post(url: str, *, body: str, headers: dict[str, str]) -> int:
-    """POST the body; the 2xx status it was answered with, or Transient/Permanent saying why not."""
+    """POST the body; the 2xx status it was answered with, or Transient/Permanent saying why not.
+
+    Raises RateLimited, before any request, when every slot of the receiver is busy.
+    """
     # WEBHOOK_TIMEOUT_SECONDS is the whole exchange's deadline (outbound.bounded), and
     # no more of an answer than its excerpt is ever decoded.
     outbound = OutboundClient(
         shared_client(timeout=settings.WEBHOOK_TIMEOUT_SECONDS, max_body_bytes=ERROR_BODY_BYTES),
+        slots=delivery_slots(),
         rate_limits=False,
     )
     request = outbound.http.build_request(
