@@ -400,13 +400,8 @@ if any(_github_app) and not all(_github_app):
     )
 
 # Periodic tasks, each on an explicit queue (beat syncs these into its database schedule).
-CELERY_BEAT_SCHEDULE = {
-    "finish-overdue-link-checks": {
-        "task": "audits.finish_overdue_link_checks",
-        "schedule": 10.0,
-        "options": {"queue": AUDIT_QUEUE, "expires": 10.0},
-    },
-}
+# Sweeps every few seconds are not beat's: they are ticks of the workers (jobs.sweeps).
+CELERY_BEAT_SCHEDULE = {}
 # --- Admission of submissions (POST /api/audits) ---------------------------------
 # Each client address has a token bucket; the service as a whole refuses new
 # submissions while the backlog owed to the audit workers is at the cap.
