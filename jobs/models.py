@@ -77,6 +77,8 @@ class CircuitBreaker(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task_name", "host"], name="breaker_task_host_unique")
         ]
+        # Retention walks it (jobs.breakers.RETENTION).
+        indexes = [models.Index(fields=["changed_at", "id"], name="breaker_changed_idx")]
 
     def __str__(self) -> str:
         return f"{self.task_name} → {self.host}"
