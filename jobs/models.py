@@ -46,10 +46,6 @@ class DeadLetter(models.Model):
     def __str__(self) -> str:
         return f"{self.task_name or 'unknown task'} {self.task_id} ({self.get_reason_display()})"
 
-    @property
-    def is_replayed(self) -> bool:
-        return self.replayed_at is not None
-
 
 class CircuitBreaker(models.Model):
     """The last known state of one breaker, for the admin; the live state is in Redis."""
