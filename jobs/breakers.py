@@ -71,14 +71,14 @@ TRANSITION_TO_STATE = {
 # its parked tasks' last release time, if later (an open breaker outlives its release).
 # A forgotten breaker is a closed one with an empty window: exactly what it was.
 KEEP_LUA = """
-local function keep(now, idle)
-  local kept = redis.call('HMGET', KEYS[1], 'state', 'open_until', 'next_release')
+local function keep(key, now, idle)
+  local kept = redis.call('HMGET', key, 'state', 'open_until', 'next_release')
   if not kept[1] then return end
   local last = now
   if kept[1] ~= 'closed' then
     last = math.max(now, tonumber(kept[2] or '0'), tonumber(kept[3] or '0'))
   end
-  redis.call('EXPIRE', KEYS[1], math.ceil(last - now + idle))
+  redis.call('EXPIRE', key, math.ceil(last - now + idle))
 end
 """
 
@@ -121,7 +121,7 @@ end
 return {'half_open', release_after(now + 1), transition}
 end
 local answer = decide()
-keep(now, tonumber(ARGV[4]))
+keep(KEYS[1], now, tonumber(ARGV[4]))
 return answer
 """
 )
@@ -195,7 +195,7 @@ end
 return {'', tostring(calls), tostring(failures)}
 end
 local answer = decide()
-keep(now, tonumber(ARGV[9]))
+keep(KEYS[1], now, tonumber(ARGV[9]))
 return answer
 """
 )
@@ -208,7 +208,7 @@ now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 redis.call('HSET', KEYS[1], 'state', 'closed', 'changed_at', tostring(now))
 redis.call('DEL', KEYS[2])
-keep(now, tonumber(ARGV[1]))
+keep(KEYS[1], now, tonumber(ARGV[1]))
 return state
 """
 )
@@ -216,10 +216,12 @@ return state
 # Counts the breakers in each state as the next call would find them (an open one past
 # its open period is half-open: its next call is a probe), and drops from the set the
 # keys whose state has expired. One script, so a breaker whose state is written while
-# it runs is never dropped. It reads keys named by the set, not passed in KEYS: Plumb's
-# Redis is one primary (standalone or Sentinel), never a cluster.
+# it runs is never dropped. A state written before breakers expired (no TTL) is given its
+# expiry here. It reads keys named by the set, not passed in KEYS: Plumb's Redis is one
+# primary (standalone or Sentinel), never a cluster.
 _STATE_COUNTS = lua(
-    """
+    KEEP_LUA
+    + """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local counts = {closed = 0, open = 0, half_open = 0}
@@ -229,6 +231,7 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if not state then
     redis.call('SREM', KEYS[1], key)
   else
+    if redis.call('TTL', key) == -1 then keep(key, now, tonumber(ARGV[1])) end
     if state == 'open' and found[2] and tonumber(found[2]) <= now then state = 'half_open' end
     counts[state] = (counts[state] or 0) + 1
   end
@@ -361,7 +364,9 @@ def state_counts() -> dict[str, int]:
     """How many breakers are in each state now, as the next call would find them: those
     used within BREAKER_FORGET_AFTER_SECONDS, or still open or releasing parked tasks.
     Forgotten ones leave the set as they are read, so the set holds only those."""
-    closed, opened, half_open = _STATE_COUNTS(keys=[BREAKERS_KEY], client=redis_client())
+    closed, opened, half_open = _STATE_COUNTS(
+        keys=[BREAKERS_KEY], args=[settings.BREAKER_FORGET_AFTER_SECONDS], client=redis_client()
+    )
     return {CLOSED: int(closed), OPEN: int(opened), HALF_OPEN: int(half_open)}
 
 

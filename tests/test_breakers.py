@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from jobs import retention
@@ -288,6 +289,16 @@ def test_every_breaker_state_key_has_an_expiry(breaker, redis_client):
     breaker.close(by="operator")
     assert redis_client.ttl(breaker.key) > 0
     assert all(redis_client.ttl(key) > 0 for key in redis_client.keys("plumb:breaker:*"))
+
+
+def test_a_state_written_before_breakers_expired_is_given_its_expiry_by_the_next_count(
+    breaker, redis_client
+):
+    open_it(breaker)
+    breaker.close(by="operator")
+    redis_client.persist(breaker.key)  # as an older release left it
+    assert state_counts()["closed"] == 1
+    assert 0 < redis_client.ttl(breaker.key) <= settings.BREAKER_FORGET_AFTER_SECONDS
 
 
 def test_breaker_rows_unchanged_past_their_horizon_are_pruned(settings):
