@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from importlib import import_module
 
 import pytest
+from django.apps import apps
 from django.conf import settings
 from django.utils import timezone
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from audits import linkcheck, submission
 from audits.models import Audit
 from jobs import sweeps
 from outbound.urls import normalize_url
 from tests.workers import wait_for
+
+entry_removed = import_module("audits.migrations.0017_link_check_deadline_entry_removed")
 
 
 def overdue_audit(site) -> Audit:
@@ -99,3 +104,17 @@ def test_a_sweep_that_fails_does_not_keep_the_others_from_running(redis_client, 
     )
     assert sweeps.tick(redis_client) == ["test.after"]
     assert ran == [1]
+
+
+@pytest.mark.django_db
+def test_the_upgrade_deletes_the_beat_entry_of_the_removed_task():
+    every_ten = IntervalSchedule.objects.create(every=10, period="seconds")
+    PeriodicTask.objects.create(
+        name="finish-overdue-link-checks", task="audits.finish_overdue_link_checks",
+        interval=every_ten, queue="audits", expire_seconds=10,
+    )  # fmt: skip
+    before = set(PeriodicTask.objects.values_list("name", flat=True))
+    entry_removed.delete_entry(apps, None)
+    # Only that entry: the nightly fan-out (reaudit 0002) and any other stay.
+    after = set(PeriodicTask.objects.values_list("name", flat=True))
+    assert before - after == {"finish-overdue-link-checks"} and after
