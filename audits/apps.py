@@ -8,14 +8,16 @@ class AuditsConfig(AppConfig):
     def ready(self):
         # Django's place for wiring that needs the models loaded: the queue's gauges, its
         # admission limit (so an alert can compare the backlog with it), the pages that
-        # changed, what it owes (jobs.reconcile) and what ages out (jobs.retention).
+        # changed, what it owes (jobs.reconcile), what ages out (jobs.retention) and its
+        # periodic sweep (jobs.sweeps: audits past their link-check deadline).
         from django.conf import settings
 
+        from audits import linkcheck
         from audits import retention as audits_retention
         from audits.admission import queue_gauges
         from audits.pages import change_counts
         from audits.reconcile import SOURCES
-        from jobs import reconcile, retention
+        from jobs import reconcile, retention, sweeps
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
@@ -25,3 +27,4 @@ class AuditsConfig(AppConfig):
             reconcile.register(source)
         for kind in audits_retention.KINDS:
             retention.register(kind)
+        sweeps.register(linkcheck.DEADLINE_SWEEP)

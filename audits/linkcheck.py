@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from audits.models import Audit, LinkCheck, SharedLink
 from jobs.errors import Transient, WaitTooLong
+from jobs.sweeps import Sweep
 from outbound import hostslots
 from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient, GitHubCredentials
@@ -396,7 +397,7 @@ def finish_link_checks(audit_id: str, *, deadline_passed: bool = False) -> bool:
 
 
 def finish_overdue_link_checks(*, now: datetime | None = None) -> int:
-    """Finish every audit whose link-check deadline has passed (the periodic sweep)."""
+    """Finish the audits whose link-check deadline has passed, up to 500 (the sweep)."""
     now = now or timezone.now()
     overdue = Audit.objects.filter(
         status=Audit.Status.CHECKING_LINKS, link_checks_deadline__lte=now
@@ -405,3 +406,12 @@ def finish_overdue_link_checks(*, now: datetime | None = None) -> int:
     if finished:
         log.info("audit.link_check_deadline", extra={"audits": finished})
     return finished
+
+
+# A tick of the workers' threads (jobs.sweeps), never a queued message: behind a backlog
+# of `audits` messages it still runs, so an audit overdue is finished within about this.
+DEADLINE_SWEEP = Sweep(
+    name="audits.link_check_deadline",
+    interval_seconds=10.0,
+    run=finish_overdue_link_checks,
+)

@@ -32,7 +32,6 @@ from django.utils import timezone
 from audits.models import Audit, LinkCheck, SharedLink
 from audits.tasks import check_shared_link, run_audit
 from jobs.reconcile import BATCH, OwedWork, Window, publish_owed
-from observability.metrics import record_requeued
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,6 @@ def republish_audit(audit: OwedAudit) -> bool:
     ):  # fmt: skip
         return False
     Audit.objects.filter(id=audit.id).update(requeued_at=timezone.now())
-    record_requeued(1)
     return True
 
 

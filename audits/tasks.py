@@ -32,10 +32,6 @@ log = logging.getLogger(__name__)
 AUDIT_SOFT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30
 AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
 
-# Housekeeping is a few queries: a minute is plenty, and well inside the visibility timeout.
-HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS = 60
-HOUSEKEEPING_TIME_LIMIT_SECONDS = 90
-
 AUDIT_POLICY = RetryPolicy(
     # A page's host busy (PAGE_FETCH_PER_HOST_CONCURRENCY): back after 0.25 s, then 0.5,
     # 1, 2 ... (jittered), never later than one fetch timeout, by when every slot has
@@ -43,8 +39,6 @@ AUDIT_POLICY = RetryPolicy(
     defer_max=lambda: settings.AUDIT_FETCH_TIMEOUT_SECONDS,
 )
 LINK_CHECK_POLICY = RetryPolicy()
-# Housekeeping: not the product's work, so not counted as jobs.
-HOUSEKEEPING_POLICY = RetryPolicy(counts_as_job=False)
 
 
 class AuditTask(PlumbTask):
@@ -141,21 +135,6 @@ def check_shared_link(self, shared_link_id: int) -> None:
     """One distinct link's check, for every audit listing it (its claim names this task),
     from the redirect hop a deferred run of it reached."""
     linkcheck.run_shared_check(shared_link_id, self.request.id, resume=resumed_from(self.request))
-
-
-class HousekeepingTask(PlumbTask):
-    policy = HOUSEKEEPING_POLICY
-
-
-@shared_task(
-    base=HousekeepingTask,
-    name="audits.finish_overdue_link_checks",
-    queue=settings.AUDIT_QUEUE,
-    soft_time_limit=HOUSEKEEPING_SOFT_TIME_LIMIT_SECONDS,
-    time_limit=HOUSEKEEPING_TIME_LIMIT_SECONDS,
-)
-def finish_overdue_link_checks() -> None:
-    linkcheck.finish_overdue_link_checks()
 
 
 # --- Publishing ------------------------------------------------------------------

@@ -48,11 +48,13 @@ def stay_on_plumb_s_transport(alternates: list[str]):
 
 app.conf.broker_failover_strategy = stay_on_plumb_s_transport
 # The worker's own threads, one bootstep each: every worker wakes its queue's delayed
-# jobs, one of them samples the gauges each minute for the dashboard, and one a tick
-# publishes again what Redis lost (jobs.reconcile).
+# jobs, one of them samples the gauges each minute for the dashboard, one a tick
+# publishes again what Redis lost (jobs.reconcile), and one a sweep an interval runs
+# the apps' periodic sweeps (jobs.sweeps).
 app.steps["worker"].add("jobs.bootsteps:DelayedWaker")
 app.steps["worker"].add("jobs.bootsteps:MinuteSampler")
 app.steps["worker"].add("jobs.bootsteps:Reconciler")
+app.steps["worker"].add("jobs.bootsteps:Sweeper")
 app.steps["worker"].add("jobs.bootsteps:TimeLimitWatchdog")
 
 

@@ -405,13 +405,8 @@ if any(_github_app) and not all(_github_app):
     )
 
 # Periodic tasks, each on an explicit queue (beat syncs these into its database schedule).
-CELERY_BEAT_SCHEDULE = {
-    "finish-overdue-link-checks": {
-        "task": "audits.finish_overdue_link_checks",
-        "schedule": 10.0,
-        "options": {"queue": AUDIT_QUEUE, "expires": 10.0},
-    },
-}
+# Sweeps every few seconds are not beat's: they are ticks of the workers (jobs.sweeps).
+CELERY_BEAT_SCHEDULE = {}
 # --- Admission of submissions (POST /api/audits) ---------------------------------
 # Each client address has a token bucket; the service as a whole refuses new
 # submissions while the backlog owed to the audit workers is at the cap.
@@ -468,6 +463,8 @@ LINK_CHECK_RETENTION_DAYS = env_int("LINK_CHECK_RETENTION_DAYS", 7, minimum=1)
 WEBHOOK_DELIVERY_RETENTION_DAYS = env_int("WEBHOOK_DELIVERY_RETENTION_DAYS", 30, minimum=1)
 RATELIMIT_OBSERVATION_RETENTION_DAYS = env_int("RATELIMIT_OBSERVATION_RETENTION_DAYS", 7, minimum=1)
 DEAD_LETTER_RETENTION_DAYS = env_int("DEAD_LETTER_RETENTION_DAYS", 30, minimum=1)
+# A breaker's admin row (jobs.CircuitBreaker), once it has not changed state for this long.
+BREAKER_RETENTION_DAYS = env_int("BREAKER_RETENTION_DAYS", 30, minimum=1)
 WEBHOOK_DEAD_LETTER_RETENTION_DAYS = env_int("WEBHOOK_DEAD_LETTER_RETENTION_DAYS", 30, minimum=1)
 REAUDIT_PLACEMENT_RETENTION_DAYS = env_int("REAUDIT_PLACEMENT_RETENTION_DAYS", 1, minimum=0)
 REAUDIT_NIGHT_RETENTION_DAYS = env_int("REAUDIT_NIGHT_RETENTION_DAYS", 90, minimum=1)
@@ -508,6 +505,9 @@ BREAKER_MIN_CALLS = env_int("BREAKER_MIN_CALLS", 10, minimum=1)
 BREAKER_WINDOW_SECONDS = env_int("BREAKER_WINDOW_SECONDS", 30, minimum=1)
 BREAKER_OPEN_SECONDS = env_float("BREAKER_OPEN_SECONDS", 30.0, minimum=0.1)
 BREAKER_HALF_OPEN_PROBES = env_int("BREAKER_HALF_OPEN_PROBES", 3, minimum=1)
+# A breaker's state in Redis is forgotten this long after its last use (an open one no
+# sooner than its open period and its parked tasks' releases end): closed, as it was.
+BREAKER_FORGET_AFTER_SECONDS = env_int("BREAKER_FORGET_AFTER_SECONDS", 3600, minimum=1)
 # How often each worker wakes the due entries of its queue's delayed store (jobs.delayed).
 DELAYED_POLL_INTERVAL_SECONDS = env_float("DELAYED_POLL_INTERVAL_SECONDS", 0.25, minimum=0.01)
 # The reconciler (jobs.reconcile): one worker a tick publishes again what PostgreSQL says

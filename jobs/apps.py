@@ -9,12 +9,13 @@ class JobsConfig(AppConfig):
     def ready(self):
         # Django's place for wiring that needs the models loaded: the publish stamp and
         # task log lines (Celery signals), the breakers' gauge and the delayed stores', and
-        # replayed dead letters' retention.
+        # the retention of replayed dead letters and of breakers' admin rows.
         from config.redis import redis_client
         from jobs import breakers, deadletters, delayed, instrumentation, retention  # noqa: F401
         from observability import gauges
 
         retention.register(deadletters.RETENTION)
+        retention.register(breakers.RETENTION)
 
         gauges.register(
             "breakers",

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connections
 
 from config.redis import dedicated_client
-from jobs import delayed, reconcile, timelimits
+from jobs import delayed, reconcile, sweeps, timelimits
 from observability import sampler
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,23 @@ class Reconciler(WorkerThread):
 
     def tick(self, worker, client: redis.Redis) -> None:
         reconcile.tick(client)
+
+
+class Sweeper(WorkerThread):
+    """Runs the apps' periodic sweeps (jobs.sweeps), each by one worker an interval.
+
+    It ticks about once a second, so a sweep's lock lapsing is seen within a second by
+    some worker; a tick that takes no lock is one SET per sweep.
+    """
+
+    label = "Periodic sweeps"
+    thread_name = "sweeper"
+
+    def interval(self) -> float:
+        return min(1.0, sweeps.shortest_interval()) * random.uniform(0.8, 1.2)
+
+    def tick(self, worker, client: redis.Redis) -> None:
+        sweeps.tick(client)
 
 
 class MinuteSampler(WorkerThread):

@@ -43,12 +43,14 @@ from redis.client import Pipeline
 
 from config.redis import lua, queue_script, redis_client
 from jobs.models import CircuitBreaker
+from jobs.retention import PrunableKind
 from observability import metrics
 
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "plumb:breaker:"
-# Every breaker key ever used: the gauges count their states without a SCAN.
+# The breaker keys that changed state (a transition adds one; the gauges' count drops it
+# once its state has expired): the gauges count their states without a SCAN.
 BREAKERS_KEY = "plumb:breakers"
 SUCCESS, FAILURE, NO_VERDICT = "success", "failure", "none"
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -64,10 +66,28 @@ TRANSITION_TO_STATE = {
     "closed_by_operator": CLOSED,
 }
 
+# Each script ends by refreshing the state hash's expiry: a breaker nobody calls is
+# forgotten BREAKER_FORGET_AFTER_SECONDS after its last use, or after its open period and
+# its parked tasks' last release time, if later (an open breaker outlives its release).
+# A forgotten breaker is a closed one with an empty window: exactly what it was.
+KEEP_LUA = """
+local function keep(key, now, idle)
+  local kept = redis.call('HMGET', key, 'state', 'open_until', 'next_release')
+  if not kept[1] then return end
+  local last = now
+  if kept[1] ~= 'closed' then
+    last = math.max(now, tonumber(kept[2] or '0'), tonumber(kept[3] or '0'))
+  end
+  redis.call('EXPIRE', key, math.ceil(last - now + idle))
+end
+"""
+
 _ACQUIRE = lua(
-    """
+    KEEP_LUA
+    + """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local function decide()
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'closed' then return {'allow', '0', ''} end
 -- The next free release time at or after `earliest`, one every 1/rate seconds: the rate
@@ -99,16 +119,22 @@ if tonumber(redis.call('HGET', KEYS[1], 'probes_started')) < tonumber(ARGV[2]) t
 end
 -- The probes are out: wait at least a moment for their verdict.
 return {'half_open', release_after(now + 1), transition}
+end
+local answer = decide()
+keep(KEYS[1], now, tonumber(ARGV[4]))
+return answer
 """
 )
 
 _RECORD = lua(
-    """
+    KEEP_LUA
+    + """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local outcome, probe = ARGV[1], ARGV[2]
 local window, min_calls, rate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local open_seconds, probes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local function decide()
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 local function open(release_rate)
   redis.call('HSET', KEYS[1], 'state', 'open', 'changed_at', tostring(now),
@@ -167,17 +193,50 @@ if calls >= min_calls and failures >= rate * calls then
   return {'opened', tostring(calls), tostring(failures)}
 end
 return {'', tostring(calls), tostring(failures)}
+end
+local answer = decide()
+keep(KEYS[1], now, tonumber(ARGV[9]))
+return answer
 """
 )
 
 _CLOSE = lua(
-    """
+    KEEP_LUA
+    + """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 redis.call('HSET', KEYS[1], 'state', 'closed', 'changed_at', tostring(now))
 redis.call('DEL', KEYS[2])
+keep(KEYS[1], now, tonumber(ARGV[1]))
 return state
+"""
+)
+
+# Counts the breakers in each state as the next call would find them (an open one past
+# its open period is half-open: its next call is a probe), and drops from the set the
+# keys whose state has expired. One script, so a breaker whose state is written while
+# it runs is never dropped. A state written before breakers expired (no TTL) is given its
+# expiry here. It reads keys named by the set, not passed in KEYS: Plumb's Redis is one
+# primary (standalone or Sentinel), never a cluster.
+_STATE_COUNTS = lua(
+    KEEP_LUA
+    + """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local counts = {closed = 0, open = 0, half_open = 0}
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local found = redis.call('HMGET', key, 'state', 'open_until')
+  local state = found[1]
+  if not state then
+    redis.call('SREM', KEYS[1], key)
+  else
+    if redis.call('TTL', key) == -1 then keep(key, now, tonumber(ARGV[1])) end
+    if state == 'open' and found[2] and tonumber(found[2]) <= now then state = 'half_open' end
+    counts[state] = (counts[state] or 0) + 1
+  end
+end
+return {counts.closed, counts.open, counts.half_open}
 """
 )
 
@@ -216,6 +275,7 @@ class Breaker:
                 settings.BREAKER_HALF_OPEN_PROBES,
                 # The slowest release rate a breaker can have measured when it opened.
                 settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
+                settings.BREAKER_FORGET_AFTER_SECONDS,
             ],
             client=redis_client(),
         )
@@ -232,6 +292,7 @@ class Breaker:
             settings.BREAKER_WINDOW_SECONDS, settings.BREAKER_MIN_CALLS,
             settings.BREAKER_FAILURE_RATE, settings.BREAKER_OPEN_SECONDS,
             settings.BREAKER_HALF_OPEN_PROBES, SHORTEST_RATE_SAMPLE_SECONDS,
+            settings.BREAKER_FORGET_AFTER_SECONDS,
         ]  # fmt: skip
         if pipe is not None:
             queue_script(pipe, _RECORD, keys=keys, args=args)
@@ -246,7 +307,11 @@ class Breaker:
 
     def close(self, *, by: str) -> str:
         """Close the breaker by hand; return the state it was in."""
-        previous = _CLOSE(keys=[self.key, self.window_key], client=redis_client()).decode()
+        previous = _CLOSE(
+            keys=[self.key, self.window_key],
+            args=[settings.BREAKER_FORGET_AFTER_SECONDS],
+            client=redis_client(),
+        ).decode()
         self._transitioned("closed_by_operator", previous=previous, by=by)
         return previous
 
@@ -296,25 +361,26 @@ def record_transition(breaker: Breaker, transition: str, **fields) -> None:
 
 
 def state_counts() -> dict[str, int]:
-    """How many breakers are in each state now, as the next call would find them.
+    """How many breakers are in each state now, as the next call would find them: those
+    used within BREAKER_FORGET_AFTER_SECONDS, or still open or releasing parked tasks.
+    Forgotten ones leave the set as they are read, so the set holds only those."""
+    closed, opened, half_open = _STATE_COUNTS(
+        keys=[BREAKERS_KEY], args=[settings.BREAKER_FORGET_AFTER_SECONDS], client=redis_client()
+    )
+    return {CLOSED: int(closed), OPEN: int(opened), HALF_OPEN: int(half_open)}
 
-    An open breaker whose open period has passed counts as half-open: its next call
-    is a probe.
-    """
-    client = redis_client()
-    keys = sorted(client.smembers(BREAKERS_KEY))
-    counts = dict.fromkeys((CLOSED, OPEN, HALF_OPEN), 0)
-    if not keys:
-        return counts
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hmget(key, "state", "open_until")
-    pipe.time()
-    *rows, (seconds, micros) = pipe.execute()
-    now = seconds + micros / 1_000_000
-    for state, open_until in rows:
-        state = (state or b"closed").decode()
-        if state == OPEN and open_until is not None and float(open_until) <= now:
-            state = HALF_OPEN
-        counts[state] = counts.get(state, 0) + 1
-    return counts
+
+def unchanged_since(cutoff: datetime):
+    """Admin rows of breakers that have not changed state since `cutoff`: their state in
+    Redis was forgotten long before (BREAKER_FORGET_AFTER_SECONDS), and a breaker that
+    changes state again gets a new row."""
+    return CircuitBreaker.objects.filter(changed_at__lt=cutoff)
+
+
+RETENTION = PrunableKind(
+    name="breakers",
+    horizon_setting="BREAKER_RETENTION_DAYS",
+    old_enough=unchanged_since,
+    walk=("changed_at", "id"),
+    description="breakers' admin rows with no change of state that long",
+)

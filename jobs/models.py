@@ -46,10 +46,6 @@ class DeadLetter(models.Model):
     def __str__(self) -> str:
         return f"{self.task_name or 'unknown task'} {self.task_id} ({self.get_reason_display()})"
 
-    @property
-    def is_replayed(self) -> bool:
-        return self.replayed_at is not None
-
 
 class CircuitBreaker(models.Model):
     """The last known state of one breaker, for the admin; the live state is in Redis."""
@@ -77,6 +73,8 @@ class CircuitBreaker(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task_name", "host"], name="breaker_task_host_unique")
         ]
+        # Retention walks it (jobs.breakers.RETENTION).
+        indexes = [models.Index(fields=["changed_at", "id"], name="breaker_changed_idx")]
 
     def __str__(self) -> str:
         return f"{self.task_name} → {self.host}"

@@ -46,6 +46,7 @@ from django.utils import timezone
 
 from jobs import delayed
 from jobs.models import ReconcileMark
+from observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,7 @@ def reconcile(
         count, done = _republish(source, window)
         if count:
             republished[source.name] = count
+            metrics.record_republished(source.name, count)
         complete = complete and done
     # Only once everything owed is out: a tick cut short finds the loss again.
     if complete:

@@ -8,7 +8,8 @@ process's memory so web processes, Celery pool children and workers on other
 hosts all add into one number (DECISIONS.md, "Observability").
 
 Labels are closed sets (checked here: an unknown value is a bug, not a new
-series), except `task`, which is a registered task name. Keys and hosts never
+series), except `task`, which is a registered task name, and `source`, a registered
+owed-work source (jobs.reconcile). Keys and hosts never
 become labels; they go into log lines.
 
 Who calls what:
@@ -21,6 +22,7 @@ Who calls what:
                                 step that decides (audits.admission, admission_metric_keys)
     record_dead_letter, record_breaker_transition
                                 where a job is dead-lettered, where a breaker changes state
+    record_republished          jobs.reconcile, per owed-work source a tick published again
     record_samples              observability.sampler, once a minute
 
 Keys in Redis:
@@ -122,10 +124,12 @@ ADMISSION_DECISIONS_METRIC = Metric(
     "Submissions admitted or refused; in_backoff=true when audits were waiting to retry.",
     ("decision", "in_backoff"),
 )
-AUDITS_REQUEUED = Metric(
-    "plumb_audits_requeued",
+JOBS_REPUBLISHED = Metric(
+    "plumb_jobs_republished",
     "counter",
-    "Audits found queued with no message for too long and published again by the reconciler.",
+    "Jobs the reconciler published again, by owed-work source (jobs.reconcile): owed since "
+    "Redis lost data, or still owed RECONCILE_AFTER_SECONDS past due.",
+    ("source",),
 )
 BREAKER_TRANSITIONS = Metric(
     "plumb_breaker_transitions",
@@ -223,7 +227,7 @@ COUNTERS = (
     DOWNSTREAM_REQUESTS,
     ADMISSION_DECISIONS_METRIC,
     BREAKER_TRANSITIONS,
-    AUDITS_REQUEUED,
+    JOBS_REPUBLISHED,
 )
 GAUGES = (
     QUEUE_BACKLOG,
@@ -434,10 +438,10 @@ def record_dead_letter(task: str, *, now: float | None = None) -> None:
     _record("dead_letter", write, now)
 
 
-def record_requeued(count: int, *, now: float | None = None) -> None:
-    """The reconciler published `count` stuck audits again."""
+def record_republished(source: str, count: int, *, now: float | None = None) -> None:
+    """The reconciler published `count` jobs of one owed-work source again."""
     if count:
-        _record("requeued", lambda r: r.count(AUDITS_REQUEUED, amount=count), now)
+        _record("republished", lambda r: r.count(JOBS_REPUBLISHED, source, amount=count), now)
 
 
 def record_audit_duration(seconds: float, *, outcome: str, now: float | None = None) -> None:

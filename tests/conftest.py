@@ -112,24 +112,3 @@ def fake_github(app_key_pair, settings):
     server.worker_env = github
     yield server
     server.stop()
-
-
-@pytest.fixture
-def beat(redis_client):
-    """Publishes the periodic tasks every `interval` seconds, as `celery beat` would."""
-    import threading
-
-    from config.celery_app import app
-
-    stop = threading.Event()
-
-    def start(*task_names: str, interval: float = 0.5) -> None:
-        def run():
-            while not stop.wait(interval):
-                for name in task_names:
-                    app.send_task(name, queue=settings.AUDIT_QUEUE, expires=interval * 4)
-
-        threading.Thread(target=run, name="test-beat", daemon=True).start()
-
-    yield start
-    stop.set()

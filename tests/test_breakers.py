@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
-from jobs.breakers import FAILURE, NO_VERDICT, SHORTEST_RATE_SAMPLE_SECONDS, SUCCESS, Breaker
+from jobs import retention
+from jobs.breakers import (
+    BREAKERS_KEY,
+    FAILURE,
+    NO_VERDICT,
+    SHORTEST_RATE_SAMPLE_SECONDS,
+    SUCCESS,
+    Breaker,
+    state_counts,
+)
 from jobs.models import CircuitBreaker
 from jobs.policy import PARK, RetryPolicy, delay
 from tests.test_metrics import scrape
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -227,3 +240,75 @@ def test_an_open_breaker_shows_in_the_next_scrape_and_half_opens_when_its_period
     assert breakers_by_state() == {"closed": 0, "open": 1, "half_open": 0}
     wait_until_open_period_ends(breaker)
     assert breakers_by_state() == {"closed": 0, "open": 0, "half_open": 1}
+
+
+# --- Breakers age out --------------------------------------------------------------------
+
+
+def test_a_closed_breaker_nobody_calls_is_forgotten_and_leaves_the_gauge(
+    breaker, settings, redis_client
+):
+    settings.BREAKER_FORGET_AFTER_SECONDS = 1
+    open_it(breaker)
+    breaker.close(by="operator")
+    assert state_counts() == {"closed": 1, "open": 0, "half_open": 0}
+    # A call refreshes its expiry: still known a second after the close.
+    time.sleep(0.6)
+    call(breaker, SUCCESS)
+    time.sleep(0.6)
+    assert redis_client.exists(breaker.key)
+    # Then nobody calls: gone within its expiry, and the next count drops it from the set.
+    wait_for(lambda: not redis_client.exists(breaker.key), timeout=5, message="forgotten")
+    assert state_counts() == {"closed": 0, "open": 0, "half_open": 0}
+    assert not redis_client.sismember(BREAKERS_KEY, breaker.key)
+    # Forgotten is closed, as it was.
+    assert breaker.state()["state"] == "closed" and breaker.acquire().allowed
+
+
+def test_an_open_breaker_is_kept_at_least_until_its_parked_tasks_are_released(
+    breaker, settings, redis_client
+):
+    settings.BREAKER_FORGET_AFTER_SECONDS = 1
+    settings.BREAKER_OPEN_SECONDS = 30
+    open_it(breaker)
+    # Ten tasks parked: released one after another from the end of the open period.
+    for _ in range(10):
+        assert not breaker.acquire().allowed
+    live = breaker.state()
+    last_release = max(live["open_until"], live["next_release"])
+    server_now = float(".".join(str(part) for part in redis_client.time()))
+    assert redis_client.ttl(breaker.key) >= last_release - server_now
+    assert redis_client.ttl(breaker.key) <= last_release - server_now + 2
+
+
+def test_every_breaker_state_key_has_an_expiry(breaker, redis_client):
+    open_it(breaker)
+    wait_until_open_period_ends(breaker)
+    call(breaker, SUCCESS)  # a probe: half-open
+    assert redis_client.ttl(breaker.key) > 0
+    breaker.close(by="operator")
+    assert redis_client.ttl(breaker.key) > 0
+    assert all(redis_client.ttl(key) > 0 for key in redis_client.keys("plumb:breaker:*"))
+
+
+def test_a_state_written_before_breakers_expired_is_given_its_expiry_by_the_next_count(
+    breaker, redis_client
+):
+    open_it(breaker)
+    breaker.close(by="operator")
+    redis_client.persist(breaker.key)  # as an older release left it
+    assert state_counts()["closed"] == 1
+    assert 0 < redis_client.ttl(breaker.key) <= settings.BREAKER_FORGET_AFTER_SECONDS
+
+
+def test_breaker_rows_unchanged_past_their_horizon_are_pruned(settings):
+    settings.BREAKER_RETENTION_DAYS = 30
+    now = timezone.now()
+    for host, days_ago in [("old.example", 40), ("recent.example", 2)]:
+        CircuitBreaker.objects.create(
+            task_name="audits.run_audit", host=host, state="closed",
+            changed_at=now - timedelta(days=days_ago),
+        )  # fmt: skip
+    pruned = retention.prune(retention.kind("breakers"), now=now)
+    assert pruned.deleted == 1
+    assert list(CircuitBreaker.objects.values_list("host", flat=True)) == ["recent.example"]

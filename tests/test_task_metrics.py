@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from audits import submission
+from audits import linkcheck, submission
 from audits.models import Audit
+from jobs import sweeps
 from observability.collector import exposition
 from observability.series import stats
 from outbound.urls import normalize_url
@@ -120,13 +121,12 @@ def product_totals() -> dict:
     return stats("1h")["totals"]
 
 
-def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worker, beat):
+def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worker, redis_client):
     worker = start_worker("audits")
-    # The periodic housekeeping runs, several times, with nothing to do.
-    beat("audits.finish_overdue_link_checks", interval=0.1)
+    # The periodic sweeps run (their lock taken), with nothing to do.
     wait_for(
-        lambda: worker.output().count("task.finished") >= 6, timeout=20,
-        message="some housekeeping runs", show=[worker],
+        lambda: redis_client.exists(f"{sweeps.LOCK_PREFIX}{linkcheck.DEADLINE_SWEEP.name}"),
+        timeout=20, message="the link-check deadline sweep runs", show=[worker],
     )  # fmt: skip
     totals = product_totals()
     assert (totals["completions"], totals["unique_jobs"], totals["first_attempts"]) == (0, 0, 0)
@@ -135,10 +135,9 @@ def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worke
 
 
 def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request_each(
-    site, start_worker, admin_client, beat
+    site, start_worker, admin_client
 ):
     worker = start_worker("audits", concurrency=2)
-    beat("audits.finish_overdue_link_checks", interval=0.5)
     audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(10)]
     for audit in audits:
         assert finished(audit, worker).status == "succeeded"

@@ -10,10 +10,17 @@ import pytest
 from celery import bootsteps
 
 from config.celery_app import app
-from jobs.bootsteps import DelayedWaker, MinuteSampler, Reconciler, TimeLimitWatchdog, WorkerThread
+from jobs.bootsteps import (
+    DelayedWaker,
+    MinuteSampler,
+    Reconciler,
+    Sweeper,
+    TimeLimitWatchdog,
+    WorkerThread,
+)
 from tests.workers import wait_for
 
-THREADS = [DelayedWaker, MinuteSampler, Reconciler, TimeLimitWatchdog]
+THREADS = [DelayedWaker, MinuteSampler, Reconciler, Sweeper, TimeLimitWatchdog]
 
 
 class FailingTicks:

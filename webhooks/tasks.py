@@ -32,10 +32,10 @@ WEBHOOK_POLICY = RetryPolicy(
     backoff_max=lambda: settings.WEBHOOK_BACKOFF_MAX_SECONDS,
     # A busy destination: back after 0.25 s, then 0.5, 1, 2 ... (jittered), never later
     # than one request timeout, by when every slot has turned over. However many turns
-    # a burst to one host takes, they spend no attempt (jobs.task).
+    # a burst to one host takes, they spend no attempt (jobs.task); no cap applies: a
+    # receiver's 429 is a failed attempt (Transient), never a timed deferral.
     defer_base=0.25,
     defer_max=lambda: settings.WEBHOOK_TIMEOUT_SECONDS,
-    max_deferrals=50,
     countdowns_held=False,
     # Database or Redis trouble (a pool timeout, a failover) is retried by default
     # (INFRASTRUCTURE_UNAVAILABLE), and it is not the receiver's failure: only

@@ -11,7 +11,6 @@ from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions, status
-from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 
@@ -98,10 +97,6 @@ def _flatten(value) -> list[str]:
     if isinstance(value, dict):
         return [f"{k}: {m}" for k, v in value.items() for m in _flatten(v)]
     return [str(value)]
-
-
-def error_response(status_code: int, code: str, message: str, **extra) -> Response:
-    return Response({"error": code, "message": message, **extra}, status=status_code)
 
 
 def json_not_found(request, exception=None):

@@ -17,6 +17,7 @@ from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from tests.broker import queued
 from tests.reconciling import reconciled_now
+from tests.test_metrics import scrape
 from tests.webhook_helpers import finished_audit_with_callback
 from tests.workers import wait_for
 from webhooks import deliver
@@ -148,6 +149,12 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
 
     assert result.redis_lost
     assert result.republished == {"audits": 3, "link_checks": 1, "webhook_deliveries": 2}
+    # Counted per source, as the dashboard and the runbook read it.
+    assert {
+        dict(labels)["source"]: value
+        for (name, labels), value in scrape().items()
+        if name == "plumb_jobs_republished_total"
+    } == {"audits": 3, "link_checks": 1, "webhook_deliveries": 2}
     # Owed now: in their queues at once.
     assert {m.id for m in queued(redis_client, "audits")} == {queued_audit.task_id, "check-1"}
     assert [m.id for m in queued(redis_client, "webhooks")] == [pending.task_id]

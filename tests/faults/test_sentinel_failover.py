@@ -8,6 +8,7 @@ finishes, the worker is still taking work afterwards, and Flower still reaches t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,15 +73,17 @@ class Load:
         self._thread.join(timeout=30)
 
 
-def requeue_stuck_audits(env: dict) -> int:
-    """What beat's reconciler does every minute, run now."""
+def reconcile_now(env: dict) -> dict[str, int]:
+    """What a worker's reconciler thread does every RECONCILE_INTERVAL_SECONDS (jobs.reconcile),
+    run now against the Sentinel's master: {source: jobs published again}."""
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c",
-         "from audits.reconcile import requeue_stuck_audits; from audits.tasks import enqueue_audit; "
-         "print(requeue_stuck_audits(enqueue=enqueue_audit, older_than_seconds=0))"],
+         "import json; from config.redis import redis_client; from jobs import reconcile; "
+         "print(json.dumps(reconcile.reconcile(client=redis_client(), overdue_after=0).republished))"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    return int(result.stdout.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def finished(ids: list[str]) -> bool:
@@ -115,7 +118,7 @@ def test_a_failover_under_load_loses_no_accepted_audit(
         except AssertionError:
             # Messages the old master took after its replica's last sync are gone with it:
             # the reconciler publishes their audits again from PostgreSQL.
-            requeued = requeue_stuck_audits(env)
+            requeued = reconcile_now(env)
             wait_for(lambda: finished(accepted), timeout=30, message="every accepted audit",
                      show=[worker])  # fmt: skip
         print(f"all finished {time.monotonic() - drain_started:.1f}s after the load stopped; "
