@@ -109,7 +109,9 @@ class AuditTask(PlumbTask):
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
-    enqueue_link_checks(services.execute_audit(audit_id))
+    # After an outage the claim counts this attempt once, however many runs it took.
+    attempt = self.attempt_number() if self.resumes_after_outage() else None
+    enqueue_link_checks(services.execute_audit(audit_id, attempt=attempt))
 
 
 class LinkCheckTask(PlumbTask):
