@@ -148,3 +148,46 @@ def test_redis_away_20s_under_load_spends_no_attempt(site, start_worker, transac
         web.stop()
         redis.terminate()
         redis.wait(timeout=10)
+
+
+def test_a_failure_met_while_postgresql_is_away_is_recorded_once_it_returns(
+    db_proxy,  # noqa: F811
+    site,
+    start_worker,
+):
+    """The last attempt fails (a 500) while the database is away: its dead letter and the
+    audit's failure cannot be written. Recorded from on_failure, outside the task's body,
+    this was "Exception raised outside body" and a message nobody owned until the
+    visibility timeout (300 s). Now the job waits the outage out and ends once it can."""
+    failures = 4
+    worker = start_worker(
+        "audits", concurrency=failures, pool="threads",
+        env={"DATABASE_URL": via(db_proxy), "RETRY_BACKOFF_BASE_SECONDS": "0.5",
+             "AUDIT_MAX_ATTEMPTS": "1"},
+    )  # fmt: skip
+    audits = [
+        submission.submit_audit(
+            normalize_url(f"{site.base_url}/slow?delay={PAGE_SECONDS}&status=500&n={n}")
+        )
+        for n in range(failures)
+    ]
+    wait_for(lambda: site.hits["/slow"] >= failures, timeout=30, message="every fetch to start")
+    db_proxy.cut()  # before any of the pages has answered
+    # The pages answer within PAGE_SECONDS: every last attempt fails while it is away.
+    time.sleep(PAGE_SECONDS + 8)
+    db_proxy.restore()
+
+    def every_audit_failed() -> bool:
+        return Audit.objects.filter(status=Audit.Status.FAILED).count() == failures
+
+    wait_for(every_audit_failed, timeout=RECOVERY_SECONDS, interval=0.5,
+             message="every failure recorded once the database is back")  # fmt: skip
+    log = "".join(worker.lines)
+    assert OUTSIDE_BODY not in log
+    assert "task.failure_not_recorded" in log
+    for audit in audits:
+        row = Audit.objects.get(id=audit.id)
+        assert (row.attempts, row.error.startswith("gave up after 1 attempt(s)")) == (1, True), (
+            row.error
+        )
+        assert DeadLetter.objects.filter(task_id=audit.task_id).count() == 1
