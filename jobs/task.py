@@ -14,8 +14,11 @@ Around each run it puts, in this order:
    `RateLimited` defers the job without spending an attempt, up to the policy's
    deferrals; `Transient` (and the policy's `retry_on`) retries it after
    `jobs.policy.delay`; anything else, or a retry past the last attempt, ends it as
-   a dead letter (jobs.deadletters). A wait a downstream names past
-   RATELIMIT_MAX_WAIT_SECONDS is no wait: the job ends rate limited (`after_wait_too_long`).
+   a dead letter (jobs.deadletters), written inside the task's body (`_give_up`). A wait
+   a downstream names past RATELIMIT_MAX_WAIT_SECONDS is no wait: the job ends rate
+   limited (`after_wait_too_long`). Plumb's own PostgreSQL or Redis away, wherever the run
+   meets it (`jobs.policy.infrastructure_away`), is an outage: the job waits without
+   spending an attempt, held in the worker when Redis cannot store the wait (`HoldInPlace`).
 
 Every wait takes the same road (`_wait`): a short retry rides in the broker as an ETA
 message that a worker holds, when the policy allows it; every other wait (a longer
