@@ -168,7 +168,14 @@ class PlumbTask(Task):
                     # The row says the job waits (before_wait); the reconciler
                     # publishes it again once Redis answers (jobs.reconcile).
                     raise Waiting(f"{hold} (held as long as its time limit allows)") from hold
+                log.info(
+                    "task.outage_held",
+                    extra={"task": self.name, "task_id": self.request.id,
+                           "delay_seconds": round(hold.seconds, 3), "reason": str(hold)},
+                )  # fmt: skip
                 time.sleep(hold.seconds)
+                # The next hold backs off further: this message's header cannot say so.
+                self.request.plumb_outages_held = getattr(self.request, "plumb_outages_held", 0) + 1
 
     def _time_budget(self) -> float:
         queue = self._queue()
@@ -329,6 +336,7 @@ class PlumbTask(Task):
             # Not the downstream's failure, nor the job's: no attempt is spent, however
             # long it lasts (DECISIONS.md, "An outage spends no attempt").
             outages = int(header(request, OUTAGES_HEADER) or 0)
+            outages += getattr(request, "plumb_outages_held", 0)
             self._wait(OUTAGE, step=outages + 1, after=None, exc=exc, outages=outages + 1,
                        why=f"{exc.__class__.__name__}: {exc}")  # fmt: skip
         if not self.policy.retries(exc) or request.retries >= self.policy.max_attempts() - 1:
