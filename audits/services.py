@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from audits.analysis import audit_result
@@ -26,13 +27,17 @@ from outbound.integrations.page import fetch_page
 log = logging.getLogger(__name__)
 
 
-def claim_audit(audit_id: str) -> str | None:
+def claim_audit(audit_id: str, *, attempt: int | None = None) -> str | None:
     """Mark the audit running for this attempt and return its page's URL; None if it is
     finished or gone.
 
     A `running` audit can be claimed again: that is a redelivery after a
     worker died mid-audit, and the audit must run to completion once more.
+    `attempt`: the job's attempt number, given when it resumes after an outage of
+    PostgreSQL: the run the outage cut short counted this attempt already and could not
+    give it back, so the row counts it once (at least `attempt`, never one more).
     """
+    counted = F("attempts") + 1 if attempt is None else Greatest(F("attempts"), attempt)
     try:
         claimed = (
             Audit.objects.filter(id=audit_id)
@@ -40,7 +45,7 @@ def claim_audit(audit_id: str) -> str | None:
             .exclude(status__in=(*Audit.FINISHED, Audit.Status.CHECKING_LINKS))
             .update(
                 status=Audit.Status.RUNNING,
-                attempts=F("attempts") + 1,
+                attempts=counted,
                 started_at=timezone.now(),
                 error="",
             )
@@ -54,7 +59,9 @@ def claim_audit(audit_id: str) -> str | None:
     return Audit.objects.filter(id=audit_id).values_list("page__url", flat=True).get()
 
 
-def execute_audit(audit_id: str, *, resume: dict | None = None) -> list[QueuedCheck]:
+def execute_audit(
+    audit_id: str, *, resume: dict | None = None, attempt: int | None = None
+) -> list[QueuedCheck]:
     """Run one attempt of an audit; return the link checks to enqueue.
 
     Transient fetch errors propagate for the task to retry, and so does RateLimited
@@ -63,7 +70,7 @@ def execute_audit(audit_id: str, *, resume: dict | None = None) -> list[QueuedCh
     links moves on to `checking_links`; the last check (or the deadline sweep)
     finishes the audit.
     """
-    url = claim_audit(audit_id)
+    url = claim_audit(audit_id, attempt=attempt)
     if url is None:
         return []
     try:

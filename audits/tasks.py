@@ -101,8 +101,12 @@ class AuditTask(PlumbTask):
     time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
+    # After an outage the claim counts this attempt once, however many runs it took.
+    attempt = self.attempt_number() if self.resumes_after_outage() else None
     # A run deferred at a busy redirect target goes on from that hop.
-    enqueue_link_checks(services.execute_audit(audit_id, resume=resumed_from(self.request)))
+    enqueue_link_checks(
+        services.execute_audit(audit_id, resume=resumed_from(self.request), attempt=attempt)
+    )
 
 
 class LinkCheckTask(PlumbTask):

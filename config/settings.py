@@ -357,6 +357,9 @@ AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/p
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
+# Plumb's own PostgreSQL or Redis away: a job waits without spending an attempt, backing
+# off from RETRY_BACKOFF_BASE_SECONDS up to this, so it runs within seconds of the return.
+OUTAGE_BACKOFF_MAX_SECONDS = env_float("OUTAGE_BACKOFF_MAX_SECONDS", 5.0, minimum=0.01)
 
 # --- Observability ------------------------------------------------------------
 # Per-minute buckets behind the dashboard and /api/stats; the day view needs 24.

@@ -5,7 +5,7 @@
     /                       a tidy page with every security header
     /redirect               301 -> /moved (302) -> /
     /broken-link            links to a page that answers 404
-    /slow?delay=2           answers after `delay` seconds
+    /slow?delay=2           answers after `delay` seconds (`&status=500`: fails then)
     /no-security-headers    an HTML page without CSP, nosniff or Referrer-Policy
     /report.pdf             not HTML
     /noindex                robots noindex
@@ -116,7 +116,9 @@ class DemoSiteHandler(BaseHTTPRequestHandler):
 
     def slow(self, query):
         time.sleep(float(query.get("delay", "2")))
-        self._send(200, _page("Slow page", "<p>Took a while.</p>"), headers=SECURE_HEADERS)
+        # `status`: a slow failure (a 500 after the delay), for a failure met mid-outage.
+        status = int(query.get("status", "200"))
+        self._send(status, _page("Slow page", "<p>Took a while.</p>"), headers=SECURE_HEADERS)
 
     def no_security_headers(self, query):
         self._send(200, _page("No security headers", "<p>Nothing protects this page.</p>"))

@@ -9,8 +9,10 @@ PUBLISHED_AT_HEADER = "plumb_published_at"
 FIRST_FAILED_AT_HEADER = "plumb_first_failed_at"
 # How many times the job was deferred by a rate limit or a busy host (no attempt spent).
 DEFERRALS_HEADER = "plumb_deferrals"
+# How many times the job waited out an outage of PostgreSQL or Redis (no attempt spent).
+OUTAGES_HEADER = "plumb_outages"
 # Carried from one wait to the next.
-CARRIED_HEADERS = (FIRST_FAILED_AT_HEADER, DEFERRALS_HEADER)
+CARRIED_HEADERS = (FIRST_FAILED_AT_HEADER, DEFERRALS_HEADER, OUTAGES_HEADER)
 # Where a deferred run had got to (`RateLimited.resume`, JSON), for the next run to
 # start there: carried by deferrals and parks (no attempt was spent, so the attempt
 # goes on), dropped by a retry (a new attempt starts from the beginning).

@@ -10,7 +10,10 @@ Every wait Plumb imposes comes from `delay()`:
   shortened, plus up to 10 % (at least up to a second) more;
 - a breaker park: until the breaker's release time for this job, plus up to a second;
 - a deferral nobody timed (every slot of a host busy): backoff on the job's deferral
-  count from the policy's `defer_base`, capped at `defer_max`.
+  count from the policy's `defer_base`, capped at `defer_max`;
+- an outage (Plumb's own PostgreSQL or Redis away, `infrastructure_away`): backoff on
+  the job's outage count from the policy's `backoff_base`, capped at
+  OUTAGE_BACKOFF_MAX_SECONDS, so a job resumes within seconds of the outage's end.
 
 No wait is longer than `wait_horizon()`: RATELIMIT_MAX_WAIT_SECONDS plus its jitter. A
 named wait past RATELIMIT_MAX_WAIT_SECONDS is not a wait at all (`too_long`): the job
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import kombu.exceptions
+import psycopg
 import redis.exceptions
 from django import db
 from django.conf import settings
@@ -50,12 +54,32 @@ INFRASTRUCTURE_UNAVAILABLE = (
     kombu.exceptions.OperationalError,
 )
 
+# SQLSTATE classes that say the server, not the statement, is at fault: a connection
+# exception (08), or the server shutting down or not yet accepting connections (57P01-03).
+_SERVER_AWAY_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def infrastructure_away(exc: BaseException) -> bool:
+    """Is `exc` Plumb's own PostgreSQL, Redis or broker being away (an outage), rather
+    than a statement that failed? An outage spends no attempt (jobs.task): a statement
+    timeout or a serialization failure is an OperationalError too, and is retried as an
+    error, so a query that can never succeed still ends as a dead letter."""
+    if not isinstance(exc, INFRASTRUCTURE_UNAVAILABLE):
+        return False
+    if isinstance(exc, db.OperationalError):
+        cause = exc.__cause__
+        sqlstate = getattr(cause, "sqlstate", None) if isinstance(cause, psycopg.Error) else None
+        return sqlstate is None or sqlstate.startswith(_SERVER_AWAY_SQLSTATES)
+    return True
+
+
 JITTER_LOW, JITTER_HIGH = 0.75, 1.25
 # A breaker spaces its releases itself; the jitter only breaks ties within a second.
 PARK_JITTER_SECONDS = 1.0
 
-Reason = Literal["retry", "deferral", "park"]
+Reason = Literal["retry", "deferral", "park", "outage"]
 RETRY: Reason = "retry"
+OUTAGE: Reason = "outage"
 DEFERRAL: Reason = "deferral"
 PARK: Reason = "park"
 
@@ -74,6 +98,8 @@ class RetryPolicy:
     max_deferrals    rate-limit waits without an attempt spent; past them a wait spends one
                      (a busy host's waits, which nobody timed, never spend one)
     defer_base/max   backoff for a deferral nobody gave a time for (a busy host)
+    outage_max       cap of an outage's backoff (from backoff_base): how soon after
+                     PostgreSQL or Redis returns a waiting job runs again
     countdowns_held  short retries ride in the broker as ETA messages a worker holds; False
                      keeps every wait in the delayed store (a worker holds only what it runs)
     retry_on         errors worth a retry besides `Transient` (Plumb's own database, Redis
@@ -88,6 +114,7 @@ class RetryPolicy:
     max_deferrals: int = 10
     defer_base: float = 0.25
     defer_max: Callable[[], float] = _setting("RETRY_BACKOFF_MAX_SECONDS")
+    outage_max: Callable[[], float] = _setting("OUTAGE_BACKOFF_MAX_SECONDS")
     countdowns_held: bool = True
     retry_on: tuple[type[BaseException], ...] = field(default=INFRASTRUCTURE_UNAVAILABLE)
     counts_as_job: bool = True
@@ -158,6 +185,8 @@ def _delay(policy: RetryPolicy, reason: Reason, *, step: int, after: float | Non
         return after + rng.uniform(0, named_wait_jitter(after))
     if reason == DEFERRAL:
         wait = exponential(step, base=policy.defer_base, cap=policy.defer_max())
+    elif reason == OUTAGE:
+        wait = exponential(step, base=policy.backoff_base(), cap=policy.outage_max())
     else:
         wait = exponential(step, base=policy.backoff_base(), cap=policy.backoff_max())
     return wait * rng.uniform(JITTER_LOW, JITTER_HIGH) if jitter else wait

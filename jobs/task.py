@@ -14,8 +14,11 @@ Around each run it puts, in this order:
    `RateLimited` defers the job without spending an attempt, up to the policy's
    deferrals; `Transient` (and the policy's `retry_on`) retries it after
    `jobs.policy.delay`; anything else, or a retry past the last attempt, ends it as
-   a dead letter (jobs.deadletters). A wait a downstream names past
-   RATELIMIT_MAX_WAIT_SECONDS is no wait: the job ends rate limited (`after_wait_too_long`).
+   a dead letter (jobs.deadletters), written inside the task's body (`_give_up`). A wait
+   a downstream names past RATELIMIT_MAX_WAIT_SECONDS is no wait: the job ends rate
+   limited (`after_wait_too_long`). Plumb's own PostgreSQL or Redis away, wherever the run
+   meets it (`jobs.policy.infrastructure_away`), is an outage: the job waits without
+   spending an attempt, held in the worker when Redis cannot store the wait (`HoldInPlace`).
 
 Every wait takes the same road (`_wait`): a short retry rides in the broker as an ETA
 message that a worker holds, when the policy allows it; every other wait (a longer
@@ -31,13 +34,15 @@ import functools
 import inspect
 import logging
 import time
+import traceback
 import types
 import typing
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 from django.conf import settings
+from django.db import transaction
 from redis import RedisError
 
 from config.redis import redis_client
@@ -47,16 +52,19 @@ from jobs.headers import (
     CARRIED_HEADERS,
     DEFERRALS_HEADER,
     FIRST_FAILED_AT_HEADER,
+    OUTAGES_HEADER,
     RESUME_HEADER,
     header,
 )
 from jobs.policy import (
     DEFERRAL,
     INFRASTRUCTURE_UNAVAILABLE,
+    OUTAGE,
     PARK,
     RETRY,
     RetryPolicy,
     delay,
+    infrastructure_away,
     longest_held_countdown,
     longest_wait,
     too_long,
@@ -65,8 +73,16 @@ from jobs.policy import (
 log = logging.getLogger(__name__)
 
 # What each kind of wait is counted as (plumb_task_retries_total{reason}), and logged as.
-RETRY_REASONS = {RETRY: "error", DEFERRAL: "rate_limited", PARK: "breaker_parked"}
-LOG_EVENTS = {RETRY: "task.retry", DEFERRAL: "task.deferred", PARK: "task.parked"}
+RETRY_REASONS = {
+    RETRY: "error", DEFERRAL: "rate_limited", PARK: "breaker_parked", OUTAGE: "outage",
+}  # fmt: skip
+LOG_EVENTS = {
+    RETRY: "task.retry", DEFERRAL: "task.deferred", PARK: "task.parked",
+    OUTAGE: "task.outage_wait",
+}  # fmt: skip
+# An outage wait held in the worker (Redis away) takes at most this share of the task's
+# soft time limit, leaving the rest for the run that follows it.
+HOLD_SHARE_OF_TIME_LIMIT = 0.5
 
 
 # Annotations the argument check enforces; any other annotation is not checked.
@@ -92,6 +108,15 @@ def _type_name(expected) -> str:
 
 class Waiting(Ignore):
     """The job was sent back to wait (deferred or parked): this run ends with no verdict."""
+
+
+class HoldInPlace(Exception):  # noqa: N818 (a signal inside the runtime, not an error)
+    """An outage wait that Redis cannot store: the worker holds the job, its message
+    unacknowledged, and runs it again after `seconds` (PlumbTask.__call__)."""
+
+    def __init__(self, seconds: float, why: str):
+        super().__init__(why)
+        self.seconds = seconds
 
 
 class PlumbRequest(Request):
@@ -132,17 +157,52 @@ class PlumbTask(Task):
 
     # --- running ---------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        request = self.request
-        if request.called_directly:
+        if self.request.called_directly:
             return super().__call__(*args, **kwargs)
-        if not delayed.claim(self._headers(request)):
-            log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
-            return None
-        self._check_arguments(args, kwargs)
+        # Redis away: the outage wait cannot be stored, so this worker holds the job (its
+        # message unacknowledged) and runs it again, within a share of its time limit.
+        hold_until = time.monotonic() + HOLD_SHARE_OF_TIME_LIMIT * self._time_budget()
+        while True:
+            try:
+                return self._run(args, kwargs)
+            except HoldInPlace as hold:
+                if time.monotonic() + hold.seconds > hold_until:
+                    # The row says the job waits (before_wait); the reconciler
+                    # publishes it again once Redis answers (jobs.reconcile).
+                    raise Waiting(f"{hold} (held as long as its time limit allows)") from hold
+                log.info(
+                    "task.outage_held",
+                    extra={"task": self.name, "task_id": self.request.id,
+                           "delay_seconds": round(hold.seconds, 3), "reason": str(hold)},
+                )  # fmt: skip
+                time.sleep(hold.seconds)
+                # The next hold backs off further: this message's header cannot say so.
+                self.request.plumb_outages_held = getattr(self.request, "plumb_outages_held", 0) + 1
+
+    def _time_budget(self) -> float:
+        queue = self._queue()
+        return self.soft_time_limit or self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
+
+    def _run(self, args, kwargs):
+        """One run; a failure for good is recorded here, inside the task's body."""
         try:
+            return self._run_once(args, kwargs)
+        except (Retry, Ignore, Reject, HoldInPlace):
+            raise
+        except Exception as exc:
+            self._give_up(exc)
+            raise
+
+    def _run_once(self, args, kwargs):
+        request = self.request
+        try:
+            if not delayed.claim(self._headers(request)):
+                log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
+                return None
+            self._check_arguments(args, kwargs)
             host = self.downstream_host(args, kwargs)
         except INFRASTRUCTURE_UNAVAILABLE as exc:
-            # The database, not the message, is at fault: try again like any outage.
+            # Redis or the database, not the message, is at fault: wait it out.
             return self._after_error(exc)
         permit = self._permit(host)
         if permit is not None and not permit.allowed:
@@ -274,6 +334,13 @@ class PlumbTask(Task):
 
     def _after_error(self, exc: BaseException):
         request = self.request
+        if infrastructure_away(exc) and self.policy.retries(exc):
+            # Not the downstream's failure, nor the job's: no attempt is spent, however
+            # long it lasts (DECISIONS.md, "An outage spends no attempt").
+            outages = int(header(request, OUTAGES_HEADER) or 0)
+            outages += getattr(request, "plumb_outages_held", 0)
+            self._wait(OUTAGE, step=outages + 1, after=None, exc=exc, outages=outages + 1,
+                       why=f"{exc.__class__.__name__}: {exc}")  # fmt: skip
         if not self.policy.retries(exc) or request.retries >= self.policy.max_attempts() - 1:
             raise exc
         self._wait(RETRY, step=request.retries + 1, after=getattr(exc, "retry_after", None),
@@ -288,8 +355,10 @@ class PlumbTask(Task):
         why: str,
         exc: BaseException | None = None,
         deferrals: int | None = None,
+        outages: int | None = None,
     ):
-        """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park).
+        """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park,
+        outage), or HoldInPlace (an outage wait that Redis cannot store).
 
         A wait a downstream named past RATELIMIT_MAX_WAIT_SECONDS is not waited
         (`_refuse_wait`): the job ends rate limited.
@@ -321,6 +390,8 @@ class PlumbTask(Task):
             resume = getattr(exc, "resume", None) or header(request, RESUME_HEADER)
             if resume is not None:
                 headers[RESUME_HEADER] = resume
+        if outages is not None:
+            headers[OUTAGES_HEADER] = outages
         log.info(
             LOG_EVENTS[reason],
             extra={
@@ -329,7 +400,15 @@ class PlumbTask(Task):
                 "held": held, "reason": why, "deferrals": deferrals,
             },
         )  # fmt: skip
-        self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
+        try:
+            self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
+        except INFRASTRUCTURE_UNAVAILABLE as error:
+            # The row cannot say it waits (the database is what failed): the wait is still
+            # stored, and its next run's claim puts the row right.
+            log.warning(
+                "task.wait_not_recorded",
+                extra={"task": self.name, "task_id": request.id, "error": repr(error)},
+            )
         try:
             instrumentation.waited(self, RETRY_REASONS[reason])
             if held:
@@ -346,6 +425,8 @@ class PlumbTask(Task):
                 )  # fmt: skip
                 delayed.schedule(entry, delay=seconds)
         except INFRASTRUCTURE_UNAVAILABLE as error:
+            if reason == OUTAGE:
+                raise HoldInPlace(seconds, why) from error
             # Redis (or the broker) is away, so the wait cannot be stored. The job has not
             # failed: its row records the wait (before_wait), and the reconciler publishes
             # it again once Redis answers (jobs.reconcile). Raised on, this error failed
@@ -383,6 +464,15 @@ class PlumbTask(Task):
             return None
         raise error from exc
 
+    def resumes_after_outage(self) -> bool:
+        """Did this job wait out an outage? Its run may then follow a claim whose attempt
+        the outage wait could not give back (the database was away)."""
+        return bool(header(self.request, OUTAGES_HEADER))
+
+    def attempt_number(self) -> int:
+        """Which attempt of its budget this run is (1 for the first)."""
+        return self.request.retries + 1
+
     def _queue(self) -> str:
         """The queue this message came from (or the task's own)."""
         delivery_info = self.request.delivery_info or {}
@@ -395,7 +485,47 @@ class PlumbTask(Task):
         }
 
     # --- giving up ---------------------------------------------------------------
+    def _give_up(self, exc: Exception) -> None:
+        """Record a failure for good (dead letter, then the task's hook) inside the body.
+
+        The outcome that cannot be written (PostgreSQL away) is no outcome: the job waits
+        out the outage instead, with no attempt spent, and ends once it can be written.
+        Raised from on_failure, outside the body, this error was Celery's "Exception
+        raised outside body": the message neither recorded nor acknowledged.
+        """
+        try:
+            self._record_failure(exc, self.request.id, self.request.args, self.request.kwargs,
+                                 traceback.format_exc())  # fmt: skip
+        except INFRASTRUCTURE_UNAVAILABLE as error:
+            if not infrastructure_away(error):
+                raise
+            log.warning(
+                "task.failure_not_recorded",
+                extra={"task": self.name, "task_id": self.request.id,
+                       "error": f"{error.__class__.__name__}: {error}"},
+            )  # fmt: skip
+            self._after_error(error)
+        self.request.plumb_failure_recorded = True
+
     def on_failure(self, exc, task_id, args, kwargs, einfo):
+        """Celery's hook: a failure the body recorded already (`_give_up`) is done; one
+        that ended outside the body (a hard time limit, in the worker's main process) is
+        recorded here. It never raises: what cannot be written now (PostgreSQL away) is
+        left to the reconciler, which finds the row still owed."""
+        if getattr(self.request, "plumb_failure_recorded", False):
+            return
+        try:
+            self._record_failure(exc, task_id, args, kwargs,
+                                 str(einfo.traceback) if einfo else "")  # fmt: skip
+        except Exception as error:
+            log.error(
+                "task.failure_not_recorded",
+                extra={"task": self.name, "task_id": task_id,
+                       "error": f"{error.__class__.__name__}: {error}"},
+            )  # fmt: skip
+
+    def _record_failure(self, exc, task_id, args, kwargs, traceback_text: str) -> None:
+        """The dead letter and the task's hook, in one transaction: both or neither."""
         request = self.request
         attempts = request.retries + 1
         log.warning(
@@ -407,26 +537,33 @@ class PlumbTask(Task):
                 "error": f"{exc.__class__.__name__}: {exc}",
             },
         )
+        with transaction.atomic():
+            deadletters.record_task_failure(
+                task=self,
+                task_id=task_id,
+                args=args,
+                kwargs=kwargs,
+                exc=exc,
+                traceback=traceback_text,
+                attempts=attempts,
+                first_failed_at=header(request, FIRST_FAILED_AT_HEADER),
+                exhausted=self.policy.retries(exc),
+                queue=self._queue(),
+            )
+            if isinstance(exc, MalformedTaskMessage):
+                # Its arguments name no row the hook could finish (or not one of this task's).
+                log.error("task.malformed_message", extra={"task": self.name, "error": str(exc)})
+            else:
+                self._final_failure_hook(exc, args, kwargs)
         instrumentation.failed(self)
-        deadletters.record_task_failure(
-            task=self,
-            task_id=task_id,
-            args=args,
-            kwargs=kwargs,
-            exc=exc,
-            traceback=str(einfo.traceback) if einfo else "",
-            attempts=attempts,
-            first_failed_at=header(request, FIRST_FAILED_AT_HEADER),
-            exhausted=self.policy.retries(exc),
-            queue=self._queue(),
-        )
-        if isinstance(exc, MalformedTaskMessage):
-            # Its arguments name no row the hook could finish (or not one of this task's).
-            log.error("task.malformed_message", extra={"task": self.name, "error": str(exc)})
-            return
+
+    def _final_failure_hook(self, exc, args, kwargs) -> None:
         try:
-            self.after_final_failure(exc, args=args, kwargs=kwargs)
-        except Exception:
+            with transaction.atomic():
+                self.after_final_failure(exc, args=args, kwargs=kwargs)
+        except Exception as error:
+            if infrastructure_away(error):
+                raise  # neither is written: the outcome is written once the database returns
             # Celery would fail the task again with the hook's error: a second dead letter
             # for one message. The dead letter above is the record; the hook's failure is logged.
             log.exception("task.final_failure_hook_failed", extra={"task": self.name})

@@ -16,7 +16,7 @@ Who calls what:
     record_task_attempt / _retry / _completion / _failure / _audit_duration
         jobs.instrumentation, called by PlumbTask for the product's jobs only (audits,
         link checks, webhook deliveries): an attempt once its breaker lets it run, a
-        retry for every wait by its reason (error, rate_limited, breaker_parked).
+        retry for every wait by its reason (error, rate_limited, breaker_parked, outage).
     record_downstream_request   every HTTP request to a downstream (the outbound client)
     admission decisions         counted by the admission script itself, in the same atomic
                                 step that decides (audits.admission, admission_metric_keys)
@@ -53,7 +53,7 @@ from config.redis import redis_client
 log = logging.getLogger(__name__)
 
 # --- Closed label values ------------------------------------------------------
-RETRY_REASONS = ("error", "rate_limited", "breaker_parked")
+RETRY_REASONS = ("error", "rate_limited", "breaker_parked", "outage")
 KEY_CLASSES = ("host", "github-installation", "github-app", "github-token")
 DOWNSTREAM_OUTCOMES = ("ok", "rate_limited", "transient_status", "timeout", "connection_error")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
@@ -402,7 +402,8 @@ def record_task_attempt(
 
 
 def record_retry(task: str, reason: str, *, now: float | None = None) -> None:
-    """A retry of `task` was scheduled: `reason` is error, rate_limited or breaker_parked."""
+    """A retry of `task` was scheduled: `reason` is error, rate_limited, breaker_parked or
+    outage."""
     _check("reason", reason, RETRY_REASONS)
 
     def write(r: _Recorder) -> None:

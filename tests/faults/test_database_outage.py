@@ -118,7 +118,8 @@ def test_a_worker_retries_through_a_database_outage_and_finishes_the_audit(
     db_proxy.cut()
     # Accepted while the workers cannot reach the database (the web process can).
     audit = submission.submit_audit(normalize_url(f"{site.base_url}/noindex"))
-    wait_for(lambda: "task.retry" in worker.output(), timeout=30, message="the worker to retry")
+    wait_for(lambda: "task.outage_wait" in worker.output(), timeout=30,
+             message="the worker to wait the outage out")  # fmt: skip
     assert Audit.objects.get(id=audit.id).status == "queued"
 
     db_proxy.restore()
