@@ -238,7 +238,15 @@ def run_shared_check(
         if github is not None:
             github.close()
     recheck = settings.LINKCHECK_BROKEN_RECHECK_SECONDS
-    if outcome.status == LinkCheck.Status.BROKEN and suspect_since is None and recheck > 0:
+    # A second look guards against a site's passing hiccup. GitHub's API saying a
+    # repository is missing (or private) is its answer, not a hiccup: asking twice
+    # only spent the shared credential's turn (issue 31: 200 calls for 100 links).
+    if (
+        outcome.status == LinkCheck.Status.BROKEN
+        and outcome.github is None
+        and suspect_since is None
+        and recheck > 0
+    ):
         SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
             suspect_since=timezone.now()
         )

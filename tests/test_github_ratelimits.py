@@ -14,7 +14,7 @@ from datetime import datetime
 
 import pytest
 
-from audits import submission
+from audits import linkcheck, submission
 from audits.models import Audit, LinkCheck
 from jobs import delayed
 from jobs.errors import RateLimited
@@ -71,6 +71,27 @@ def test_repositories_are_checked_with_an_installation_token(fake_github, redis_
     # Each credential's answers are observed under its own bucket.
     keys = set(RateLimitObservation.objects.values_list("key", "resource"))
     assert keys == {(github_app_key(APP_ID), "core"), (INSTALLATION, "core")}
+
+
+def test_a_missing_repository_is_reported_at_once_with_one_api_call(
+    fake_github, settings, redis_client, transactional_db
+):
+    # A site's broken answer is checked once more (LINKCHECK_BROKEN_RECHECK_SECONDS);
+    # GitHub's API saying "not found" is an answer, not a hiccup: asking it twice spent
+    # the one shared credential's turn twice (issue 31: 200 calls for 100 links).
+    settings.LINKCHECK_BROKEN_RECHECK_SECONDS = 10
+    page = submission.get_or_create_page(normalize_url("http://127.0.0.1:9/readme"))
+    audit = Audit.objects.create(page=page, task_id="t", status=Audit.Status.RUNNING)
+    _, (check,) = linkcheck.start_link_checks(
+        str(audit.id),
+        {"status_code": 200, "external_links": ["https://github.com/plumb/missing"]},
+    )
+    linkcheck.run_shared_check(check.shared_link_id, check.task_id)  # no Transient: no recheck
+    done = Audit.objects.get(id=audit.id)
+    assert done.status == Audit.Status.SUCCEEDED
+    assert done.result["links"][0]["status"] == "broken"
+    assert done.result["links"][0]["github"]["missing"] is True
+    assert rest_and_graphql(fake_github, fake_github.installation) == (1, 0)
 
 
 @pytest.mark.django_db
