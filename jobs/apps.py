@@ -9,10 +9,16 @@ class JobsConfig(AppConfig):
     def ready(self):
         # Django's place for wiring that needs the models loaded: the publish stamp and
         # task log lines (Celery signals), the breakers' gauge and the delayed stores', and
-        # the retention of replayed dead letters and of breakers' admin rows.
+        # the retention of replayed dead letters and of breakers' admin rows, and the check
+        # that every task's time limits fit its queue's visibility timeout.
+        from django.core import checks
+
         from config.redis import redis_client
         from jobs import breakers, deadletters, delayed, instrumentation, retention  # noqa: F401
+        from jobs.checks import time_limits_fit_visibility_timeouts
         from observability import gauges
+
+        checks.register(time_limits_fit_visibility_timeouts)
 
         retention.register(deadletters.RETENTION)
         retention.register(breakers.RETENTION)

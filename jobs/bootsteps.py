@@ -19,9 +19,32 @@ from django.db import connections
 
 from config.redis import dedicated_client
 from jobs import delayed, reconcile, sweeps, timelimits
+from jobs.checks import plumb_tasks
 from observability import sampler
 
 log = logging.getLogger(__name__)
+
+
+class TimeLimitCheck(bootsteps.Step):
+    """Refuses to start a worker whose tasks could outlive their queue's visibility timeout.
+
+    A hard time limit past the visibility timeout hands a slow attempt's message to a
+    second worker while the first still runs it: a setting changed on one side only
+    (a longer fetch timeout, a shorter visibility timeout) is caught here, at the start,
+    not by a duplicate under load.
+    """
+
+    label = "Time limit check"
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        problems = timelimits.limit_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
+        if problems:
+            # SystemExit: the worker stops with this message instead of starting.
+            raise SystemExit(
+                "Plumb's task time limits do not fit their queues' visibility timeouts:\n  "
+                + "\n  ".join(problems)
+            )
 
 
 class WorkerThread(bootsteps.StartStopStep):

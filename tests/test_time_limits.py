@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.conf import settings
+from django.core import checks
 
 from config.celery_app import app
 from jobs.task import PlumbTask
@@ -33,3 +39,26 @@ def test_every_task_ends_before_its_queue_redelivers_it(name):
     assert task.soft_time_limit, f"{name} has no soft time limit"
     assert task.time_limit, f"{name} has no hard time limit"
     assert task.soft_time_limit < task.time_limit < visibility
+
+
+def test_manage_py_check_names_a_task_that_would_outlive_its_queues_visibility_timeout(settings):
+    assert not [m for m in checks.run_checks() if m.id == "jobs.E001"]
+    settings.QUEUE_VISIBILITY_TIMEOUTS = {**settings.QUEUE_VISIBILITY_TIMEOUTS, "audits": 20}
+    errors = [m for m in checks.run_checks() if m.id == "jobs.E001"]
+    assert {error.msg.split(":")[0] for error in errors} == {
+        name for name in TASKS if app.tasks[name].queue == "audits"
+    }
+    assert "visibility timeout 20 s" in errors[0].msg
+
+
+def test_a_worker_whose_tasks_would_outlive_the_visibility_timeout_refuses_to_start():
+    # The audits task's hard limit is the fetch timeout plus 60 s: 20 s cannot hold it.
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "audits"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DEBUG": "true", "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "20"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "do not fit their queues' visibility timeouts" in output
+    assert "audits.run_audit" in output
