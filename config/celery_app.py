@@ -50,8 +50,8 @@ app.conf.broker_failover_strategy = stay_on_plumb_s_transport
 # The worker's own threads, one bootstep each: every worker wakes its queue's delayed
 # jobs, one of them samples the gauges each minute for the dashboard, one a tick
 # publishes again what Redis lost (jobs.reconcile), and one a sweep an interval runs
-# the apps' periodic sweeps (jobs.sweeps). First, a check: a worker whose tasks could
-# outlive their queue's visibility timeout refuses to start.
+# the apps' periodic sweeps (jobs.sweeps). First, a check: a worker logs an error naming
+# any task that could outlive its queue's visibility timeout.
 app.steps["worker"].add("jobs.bootsteps:TimeLimitCheck")
 app.steps["worker"].add("jobs.bootsteps:DelayedWaker")
 app.steps["worker"].add("jobs.bootsteps:MinuteSampler")

@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class TimeLimitCheck(bootsteps.Step):
-    """Refuses to start a worker whose tasks could outlive their queue's visibility timeout.
+    """Says, as the worker starts, which tasks could outlive their queue's visibility timeout.
 
     A hard time limit past the visibility timeout hands a slow attempt's message to a
-    second worker while the first still runs it: a setting changed on one side only
-    (a longer fetch timeout, a shorter visibility timeout) is caught here, at the start,
-    not by a duplicate under load.
+    second worker while the first still runs it: a setting changed on one side only (a
+    longer fetch timeout, a shorter visibility timeout) is named here, at the start, not
+    found as a duplicate under load. It is an error in the log, not a refusal: tests of
+    redelivery run workers with a visibility timeout of seconds on purpose, and
+    `manage.py check` (jobs.E001), which `make run`'s migrate runs, is where a deployment
+    is stopped.
     """
 
     label = "Time limit check"
@@ -39,12 +42,8 @@ class TimeLimitCheck(bootsteps.Step):
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
         problems = timelimits.limit_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
-        if problems:
-            # SystemExit: the worker stops with this message instead of starting.
-            raise SystemExit(
-                "Plumb's task time limits do not fit their queues' visibility timeouts:\n  "
-                + "\n  ".join(problems)
-            )
+        for problem in problems:
+            log.error("worker.time_limit_exceeds_visibility_timeout", extra={"problem": problem})
 
 
 class WorkerThread(bootsteps.StartStopStep):

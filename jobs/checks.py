@@ -1,5 +1,5 @@
 """Configuration checks of the job runtime, run by `manage.py check` (and so by `migrate`,
-which `make run` runs first) and, for time limits, by every worker as it starts
+which `make run` runs first); a worker logs the time-limit problems as it starts
 (jobs.bootsteps.TimeLimitCheck)."""
 
 from __future__ import annotations

@@ -103,9 +103,9 @@ def limit_problems(tasks: Iterable, visibility_timeouts: Mapping[str, float]) ->
     """What is wrong with each task's time limits against its queue's visibility timeout.
 
     Every attempt must end before its queue's visibility timeout hands the message to
-    another worker, or a slow attempt runs twice at once: soft < hard < visibility. The
-    worker refuses to start on any problem (jobs.bootsteps.TimeLimitCheck), and
-    `manage.py check` reports them (jobs.checks).
+    another worker, or a slow attempt runs twice at once: soft < hard < visibility.
+    `manage.py check` reports each as an error (jobs.checks), and a worker logs them as
+    it starts (jobs.bootsteps.TimeLimitCheck).
     """
     problems = []
     for task in sorted(tasks, key=lambda task: task.name):
