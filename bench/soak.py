@@ -86,8 +86,9 @@ STACK_ENV = {
     "TRUSTED_PROXY_COUNT": "1",  # the soak's clients arrive "through" one proxy
     "AUDIT_FETCH_TIMEOUT_SECONDS": "5",
     # A killed worker's audits come back after this long (kombu restores unacked
-    # messages past their visibility timeout); the default is 300 s.
-    "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "60",
+    # messages past their visibility timeout); the default is 300 s. Above every
+    # audits-queue task's hard time limit (a link check's 85 s; manage.py check, jobs.E001).
+    "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "90",
     # A message popped by a worker killed before it recorded it as unacked is gone
     # (kombu's Redis transport has that window): the reconciler publishes the audit
     # again after this long (default 600 s; above the 65 s hard time limit here).
