@@ -199,8 +199,11 @@ def test_a_page_of_many_github_links_does_not_take_another_clients_turn_at_githu
         result = Audit.objects.get(id=other.id).result
         assert [link["status"] for link in result["links"]] == ["ok"]
         assert result["links"][0]["github"]["repository"] == "plumb/repo0"
-        # Behind at most the greedy client's two checks at GitHub, not its thirty.
-        assert took < deadline / 2, took
+        # Behind at most the greedy client's two checks at GitHub, not its thirty (15 s of
+        # GitHub's time: past the deadline, where the link would not be "ok" above). The
+        # bound is the deadline itself: on a loaded 2-core CI run the 1-2 s this takes
+        # once reached 5.7 s.
+        assert took < deadline, took
     finally:
         greedy_page.stop()
         other_page.stop()
