@@ -203,11 +203,13 @@ class OutboundClient:
         for step in range(1, MAX_INLINE_RETRIES + 2):
             # A bucket closed past the inline budget is refused before a slot is taken: a
             # host that blocked us for hours must not hold its callers to its slot rate.
-            closed = self._admit(key, resource)
-            if not closed.go and closed.wait_seconds() > self._inline_budget(deadline):
-                raise RateLimited(key, resource, closed.until, reason="admission")
+            admission = self._admit(key, resource)
+            if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
+                raise RateLimited(key, resource, admission.until, reason="admission")
             with self._slot(request.url, key, deadline):
-                admission = self._admit(key, resource)
+                if self.slots is not None:
+                    # Waiting for the slot took time: the bucket's word may have changed.
+                    admission = self._admit(key, resource)
                 if admission.go:
                     response = self._send_counted(request, key=key, stream=stream)
                     verdict = self._observe(response, key=key, resource=resource, step=step)
