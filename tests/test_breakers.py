@@ -276,7 +276,8 @@ def test_an_open_breaker_is_kept_at_least_until_its_parked_tasks_are_released(
         assert not breaker.acquire().allowed
     live = breaker.state()
     last_release = max(live["open_until"], live["next_release"])
-    server_now = float(".".join(str(part) for part in redis_client.time()))
+    seconds, microseconds = redis_client.time()
+    server_now = seconds + microseconds / 1_000_000  # 94465 µs is .094465 s, not .94465
     assert redis_client.ttl(breaker.key) >= last_release - server_now
     assert redis_client.ttl(breaker.key) <= last_release - server_now + 2
 
