@@ -91,7 +91,7 @@ class LinkCheckAdmin(admin.ModelAdmin):
     search_fields = ["url", "=audit__id"]
     raw_id_fields = ["audit", "link"]
     readonly_fields = [
-        "audit", "url", "link", "status", "task_id", "status_code", "final_url", "github", "detail",
+        "audit", "url", "link", "status", "status_code", "final_url", "github", "detail",
         "retry_at", "created_at", "finished_at",
     ]  # fmt: skip
 
@@ -103,12 +103,13 @@ class LinkCheckAdmin(admin.ModelAdmin):
 class SharedLinkAdmin(admin.ModelAdmin):
     """Each distinct link's latest outcome, and whether a check of it is in flight."""
 
-    list_display = ["url", "status", "status_code", "checked_at", "checking_since"]
-    list_filter = ["status"]
+    list_display = ["url", "status", "status_code", "checked_at", "check_status"]
+    list_filter = ["status", "check_status"]
     search_fields = ["url"]
     readonly_fields = [
         "url", "status", "status_code", "final_url", "github", "detail", "checked_at",
-        "checking_since", "check_task_id", "suspect_since",
+        "check_status", "task_id", "attempts", "attempt_started_at", "next_attempt_at",
+        "published_at", "suspect_since",
     ]  # fmt: skip
 
     def has_add_permission(self, request):
@@ -136,7 +137,9 @@ class AuditAdmin(admin.ModelAdmin):
         "task_id",
         "idempotency_key",
         "created_at",
-        "started_at",
+        "attempt_started_at",
+        "next_attempt_at",
+        "published_at",
         "finished_at",
         "link_checks_deadline",
         "error",

@@ -15,16 +15,16 @@ class AuditsConfig(AppConfig):
         from audits import linkcheck
         from audits import retention as audits_retention
         from audits.admission import queue_gauges
+        from audits.models import AUDIT_JOB, LINK_CHECK_JOB
         from audits.pages import change_counts
-        from audits.reconcile import SOURCES
         from jobs import reconcile, retention, sweeps
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
         gauges.register("page_changes", change_counts)
         gauges.register("admission_limit", lambda: {"max_depth": settings.AUDIT_QUEUE_MAX_DEPTH})
-        for source in SOURCES:
-            reconcile.register(source)
+        reconcile.register_job(AUDIT_JOB)
+        reconcile.register_job(LINK_CHECK_JOB)
         for kind in audits_retention.KINDS:
             retention.register(kind)
         sweeps.register(linkcheck.DEADLINE_SWEEP)

@@ -37,7 +37,7 @@ from django.db.models import CharField, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
-from audits.models import Audit, LinkCheck, SharedLink
+from audits.models import LINK_CHECK_JOB, Audit, LinkCheck, SharedLink
 from jobs.errors import Transient, WaitTooLong
 from jobs.sweeps import Sweep
 from outbound import hostslots
@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 # The outcome's fields, as the shared row and each audit's check both spell them.
 OUTCOME_FIELDS = ("status", "status_code", "final_url", "github", "detail", "retry_at")
 
-# A check is bounded by the fetch timeout; its inline rate-limit waits by
-# RATELIMIT_INLINE_MAX_WAIT_SECONDS each, a few of them at most (the task's hard limit).
-LINK_CHECK_TIME_LIMIT_SECONDS = (
-    settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS + 60
-)
 # A check nobody waits for any more (its audits finished at their deadline) still records
 # the link for later audits, in this one turn shared by all such checks.
 NOBODY_WAITING = "nobody-waiting"
@@ -69,14 +64,8 @@ def client_check_slots() -> SlotLimit:
     return SlotLimit(
         "link-clients",
         concurrency=settings.LINKCHECK_PER_CLIENT_CONCURRENCY,
-        lease=LINK_CHECK_TIME_LIMIT_SECONDS,
+        lease=LINK_CHECK_JOB.deadline.lease,
     )
-
-
-def claim_seconds() -> float:
-    """How long a claim on a link holds before another audit may take it over: past the
-    deadline of every audit that was waiting on it, and past one more check."""
-    return settings.AUDIT_LINKCHECK_DEADLINE_SECONDS + settings.AUDIT_FETCH_TIMEOUT_SECONDS
 
 
 def shared_key(url: str) -> str:
@@ -182,21 +171,24 @@ def claim_stale_links(audit_id: str) -> list[QueuedCheck]:
     A claim is a conditional update of the shared rows: of two audits claiming one link
     together, one changes it and publishes the check, the other waits for its outcome.
     One UPDATE claims them all, each under its own task id (this claim's prefix and the
-    link's id), read back by the prefix.
+    link's id), read back by the prefix. A check in flight is never claimed again: its
+    job is the reconciler's to publish again if its message is lost (jobs.lifecycle).
     """
     now = timezone.now()
-    taken_over_before = now - timedelta(seconds=claim_seconds())
     claim = uuid.uuid4().hex
     waiting = LinkCheck.objects.filter(audit_id=audit_id, status__in=LinkCheck.UNFINISHED).values(
         "link_id"
     )
     claimed = (
-        SharedLink.objects.filter(id__in=waiting)
-        .filter(Q(checking_since=None) | Q(checking_since__lt=taken_over_before))
+        SharedLink.objects.filter(id__in=waiting, check_status=SharedLink.CheckStatus.IDLE)
         .exclude(fresh(now))
         .update(
-            checking_since=now,
-            check_task_id=Concat(Value(f"{claim}-"), Cast("id", CharField())),
+            check_status=SharedLink.CheckStatus.QUEUED,
+            task_id=Concat(Value(f"{claim}-"), Cast("id", CharField())),
+            attempts=0,
+            attempt_started_at=None,
+            next_attempt_at=None,
+            published_at=now,
             suspect_since=None,
         )
     )
@@ -205,8 +197,8 @@ def claim_stale_links(audit_id: str) -> list[QueuedCheck]:
     return [
         QueuedCheck(link_id, task_id)
         for link_id, task_id in SharedLink.objects.filter(
-            id__in=waiting, check_task_id__startswith=f"{claim}-"
-        ).values_list("id", "check_task_id")
+            id__in=waiting, task_id__startswith=f"{claim}-"
+        ).values_list("id", "task_id")
     ]
 
 
@@ -221,14 +213,11 @@ def run_shared_check(
 
     `resume` is where a deferred run of this check had got to (a redirect's next hop):
     the check goes on from there, in whichever client's turn is free now."""
-    row = (
-        SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id)
-        .values_list("url", "suspect_since")
-        .first()
+    if not LINK_CHECK_JOB.claim(shared_link_id, task_id=task_id):
+        return None  # a duplicate, or its outcome is recorded already
+    url, suspect_since = (
+        SharedLink.objects.filter(id=shared_link_id).values_list("url", "suspect_since").get()
     )
-    if row is None:
-        return None  # a duplicate, or a claim taken over: the other check records it
-    url, suspect_since = row
     credentials = GitHubCredentials.from_settings()
     github = GitHubClient(credentials) if credentials else None
     try:
@@ -247,7 +236,7 @@ def run_shared_check(
         and suspect_since is None
         and recheck > 0
     ):
-        SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
+        SharedLink.objects.filter(id=shared_link_id, task_id=task_id).update(
             suspect_since=timezone.now()
         )
         raise Transient(
@@ -305,7 +294,10 @@ def record_shared_outcome(
     check waiting on it, and finish the audits left with nothing to wait for. `retry_at`:
     a `rate_limited` outcome's time the host may be asked again."""
     now = timezone.now()
-    recorded = SharedLink.objects.filter(id=shared_link_id, check_task_id=task_id).update(
+    recorded = LINK_CHECK_JOB.finish(
+        shared_link_id,
+        SharedLink.CheckStatus.IDLE,
+        task_id=task_id,
         status=outcome.status,
         status_code=outcome.status_code,
         final_url=outcome.final_url,
@@ -313,8 +305,6 @@ def record_shared_outcome(
         detail=outcome.detail,
         retry_at=retry_at,
         checked_at=now,
-        checking_since=None,
-        check_task_id="",
         suspect_since=None,
     )
     if not recorded:

@@ -10,6 +10,9 @@ from django.utils import timezone
 from audits.changes import compare, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
+from jobs.deadlines import Deadline
+from jobs.lifecycle import Job
+from jobs.models import JobRow
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +169,7 @@ class AuditQuerySet(models.QuerySet):
         )
 
 
-class Audit(models.Model):
+class Audit(JobRow):
     class Status(models.TextChoices):
         QUEUED = "queued"
         RUNNING = "running"
@@ -189,18 +192,10 @@ class Audit(models.Model):
     page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="audits", db_index=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SUBMITTED)
-    attempts = models.PositiveIntegerField(default=0)
-    task_id = models.CharField(max_length=255, blank=True)
     # NULL, not "", when absent: the unique constraint must allow many audits without a key.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Set when the reconciler published the audit again (audits.reconcile).
-    requeued_at = models.DateTimeField(null=True, blank=True)
-    # While `retrying`: when its wait (held in Redis) is due, so a Redis that lost it
-    # can be given it back (jobs.reconcile).
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     # Set when an audit succeeds (audits.changes): None for the page's first success,
     # else the list of changes since its previous succeeded audit.
@@ -260,6 +255,13 @@ class Audit(models.Model):
                 condition=models.Q(status__in=["queued", "running", "retrying", "checking_links"]),
                 name="audit_client_unfinished_idx",
             ),
+            # The reconciler's look at what is owed (jobs.lifecycle), never the finished
+            # history.
+            models.Index(
+                fields=["published_at"],
+                condition=models.Q(status__in=["queued", "running", "retrying"]),
+                name="audit_owed_idx",
+            ),
             # The dashboard's count of pages that got worse in the last day.
             models.Index(
                 fields=["finished_at"],
@@ -276,19 +278,42 @@ class Audit(models.Model):
         return self.status in self.FINISHED
 
 
-class SharedLink(models.Model):
+# An audit as a job (jobs.lifecycle). Its attempt fetches and parses the page, bounded by
+# the fetch's whole deadline; an audit `checking_links` rests: its links' checks are the
+# jobs then, and the last of them (or the link-check deadline) finishes it.
+AUDIT_JOB = Job(
+    name="audits",
+    model=Audit,
+    task="audits.run_audit",
+    queue=settings.AUDIT_QUEUE,
+    deadline=Deadline(work=settings.AUDIT_FETCH_TIMEOUT_SECONDS),
+    queued=Audit.Status.QUEUED,
+    running=Audit.Status.RUNNING,
+    waiting=Audit.Status.RETRYING,
+    done=Audit.FINISHED,
+)
+
+
+class SharedLink(JobRow):
     """One distinct link (its normalized URL) and its latest outcome, shared by every audit
     that lists it while the outcome is fresh (audits.linkcheck): one request per link per
     LINKCHECK_FRESH_SECONDS, whatever the number of pages, audits, workers or nights.
 
-    Its states, each explicit in its columns:
-    - never checked: `checked_at` None, `checking_since` None;
-    - a check in flight: `checking_since` set, `check_task_id` the one task allowed to
-      record an outcome (a claim; an older claim than CLAIM_SECONDS may be taken over);
-    - confirming a broken answer: also `suspect_since` (the first broken answer's time);
-    - checked: `checked_at` and the outcome, fresh for LINKCHECK_FRESH_SECONDS (a broken
-      one for LINKCHECK_BROKEN_FRESH_SECONDS), stale after (then claimed again).
+    Its check is a job (LINK_CHECK_JOB), its state in `check_status`:
+    - idle: never checked (`checked_at` None), or checked: the outcome, fresh for
+      LINKCHECK_FRESH_SECONDS (a broken one for LINKCHECK_BROKEN_FRESH_SECONDS), stale
+      after (then claimed again);
+    - queued, running, waiting: a check in flight, claimed by one audit; `task_id` is the
+      one task allowed to record the outcome. A lost one is the reconciler's to publish
+      again (jobs.lifecycle), never taken over by another audit;
+    - confirming a broken answer: also `suspect_since` (the first broken answer's time).
     """
+
+    class CheckStatus(models.TextChoices):
+        IDLE = "idle"
+        QUEUED = "queued"
+        RUNNING = "running"
+        WAITING = "waiting"
 
     url = models.CharField(max_length=2048, unique=True)
     # The outcome: LinkCheck.Status values ("" until first checked).
@@ -300,8 +325,9 @@ class SharedLink(models.Model):
     checked_at = models.DateTimeField(null=True, blank=True)
     # A `rate_limited` outcome: when the link's host said it may be asked again.
     retry_at = models.DateTimeField(null=True, blank=True)
-    checking_since = models.DateTimeField(null=True, blank=True)
-    check_task_id = models.CharField(max_length=255, blank=True)
+    check_status = models.CharField(
+        max_length=16, choices=CheckStatus.choices, default=CheckStatus.IDLE
+    )
     suspect_since = models.DateTimeField(
         null=True, blank=True, help_text="The check in flight found it broken once: confirming."
     )
@@ -310,10 +336,35 @@ class SharedLink(models.Model):
         indexes = [
             # The prune walks links by when they were last checked (audits.retention).
             models.Index(fields=["checked_at", "id"], name="shared_link_checked_idx"),
+            # The reconciler's look at the checks in flight, never the idle history.
+            models.Index(
+                fields=["published_at"],
+                condition=~models.Q(check_status="idle"),
+                name="shared_link_in_flight_idx",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.url} ({self.status or 'unchecked'})"
+
+
+# A shared link's check as a job: one GET (or GitHub's API), and the few rate-limit
+# waits it makes inline (RATELIMIT_INLINE_MAX_WAIT_SECONDS each).
+LINK_CHECK_JOB = Job(
+    name="link_checks",
+    model=SharedLink,
+    task="audits.check_shared_link",
+    queue=settings.AUDIT_QUEUE,
+    deadline=Deadline(
+        work=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 4 * settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS
+    ),
+    status_field="check_status",
+    queued=SharedLink.CheckStatus.QUEUED,
+    running=SharedLink.CheckStatus.RUNNING,
+    waiting=SharedLink.CheckStatus.WAITING,
+    done=(SharedLink.CheckStatus.IDLE,),
+    claim_by_task=True,
+)
 
 
 class LinkCheck(models.Model):
@@ -341,7 +392,6 @@ class LinkCheck(models.Model):
         db_index=False,
     )  # fmt: skip
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
-    task_id = models.CharField(max_length=255, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     final_url = models.CharField(max_length=2048, blank=True)
     github = models.JSONField(

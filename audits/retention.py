@@ -63,7 +63,7 @@ def shared_links_that_may_go(links: QuerySet) -> QuerySet:
     """Those no check is in flight for and no audit waits on: a link seen again later is
     simply checked again (its outcome was long stale)."""
     waiting = LinkCheck.objects.filter(link_id=OuterRef("pk"), status__in=LinkCheck.UNFINISHED)
-    return links.filter(checking_since=None).exclude(Exists(waiting))
+    return links.filter(check_status=SharedLink.CheckStatus.IDLE).exclude(Exists(waiting))
 
 
 KINDS = [

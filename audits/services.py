@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
-from django.db.models.functions import Greatest
-from django.utils import timezone
 
 from audits.analysis import audit_result
 from audits.linkcheck import QueuedCheck, start_link_checks
-from audits.models import Audit
+from audits.models import AUDIT_JOB, Audit
 from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import fetch_page
 
@@ -28,28 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def claim_audit(audit_id: str, *, attempt: int | None = None) -> str | None:
-    """Mark the audit running for this attempt and return its page's URL; None if it is
-    finished or gone.
-
-    A `running` audit can be claimed again: that is a redelivery after a
-    worker died mid-audit, and the audit must run to completion once more.
-    `attempt`: the job's attempt number, given when it resumes after an outage of
-    PostgreSQL: the run the outage cut short counted this attempt already and could not
-    give it back, so the row counts it once (at least `attempt`, never one more).
-    """
-    counted = F("attempts") + 1 if attempt is None else Greatest(F("attempts"), attempt)
+    """Begin the audit's attempt (AUDIT_JOB.claim) and return its page's URL; None if it
+    is finished, gone, or checking its links (a redelivery leaves that be)."""
     try:
-        claimed = (
-            Audit.objects.filter(id=audit_id)
-            # An audit checking its links has fetched its page: a redelivery leaves it be.
-            .exclude(status__in=(*Audit.FINISHED, Audit.Status.CHECKING_LINKS))
-            .update(
-                status=Audit.Status.RUNNING,
-                attempts=counted,
-                started_at=timezone.now(),
-                error="",
-            )
-        )
+        claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="")
     except ValidationError:
         log.error("audit.malformed_id", extra={"audit_id": audit_id})
         return None
@@ -100,29 +78,6 @@ def end_rate_limited(audit_id: str, error: WaitTooLong) -> None:
     Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(error))
 
 
-def mark_waiting(audit_id: str, error: str, *, attempt_spent: bool, seconds: float) -> None:
-    """The audit waits (a retry, a rate limit, an open breaker): `retrying`, saying why
-    and until when (`next_attempt_at`: the wait lives in Redis, the row says it is owed).
-
-    A run that waits without spending an attempt (a rate limit) gives back the one
-    its claim counted; an audit parked before it ran (an open breaker) was never claimed.
-    """
-    waiting = {
-        "status": Audit.Status.RETRYING,
-        "error": error,
-        "next_attempt_at": timezone.now() + timedelta(seconds=seconds),
-    }
-    # Not yet running (parked before its claim): in this order, one row is written once.
-    Audit.objects.filter(
-        id=audit_id, status__in=(Audit.Status.QUEUED, Audit.Status.RETRYING)
-    ).update(**waiting)
-    running = Audit.objects.filter(id=audit_id, status=Audit.Status.RUNNING)
-    if attempt_spent:
-        running.update(**waiting)
-    else:
-        running.update(**waiting, attempts=F("attempts") - 1)
-
-
 def reset_failed_audit(audit_id: str) -> Audit | None:
     """Make a failed audit queued again with a new task id (a dead-letter replay).
 
@@ -130,14 +85,10 @@ def reset_failed_audit(audit_id: str) -> Audit | None:
     success or an audit that is still alive.
     """
     with transaction.atomic():
-        requeued = Audit.objects.filter(id=audit_id, status=Audit.Status.FAILED).update(
-            status=Audit.Status.QUEUED,
-            task_id=str(uuid.uuid4()),
-            error="",
-            result=None,
-            started_at=None,
-            finished_at=None,
-        )
+        requeued = AUDIT_JOB.requeue(
+            audit_id, task_id=str(uuid.uuid4()), from_status=Audit.Status.FAILED,
+            error="", result=None, finished_at=None,
+        )  # fmt: skip
         if not requeued:
             return None
         return Audit.objects.get(id=audit_id)

@@ -18,19 +18,15 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from audits import linkcheck, services
-from audits.linkcheck import LINK_CHECK_TIME_LIMIT_SECONDS, QueuedCheck
-from audits.models import Audit
+from audits.linkcheck import QueuedCheck
+from audits.models import AUDIT_JOB, LINK_CHECK_JOB, Audit
 from jobs.errors import CannotReplay, MalformedTaskMessage
 from jobs.headers import resumed_from
-from jobs.policy import DATABASE_UNAVAILABLE, DEFERRAL, RETRY, RetryPolicy
+from jobs.policy import DEFERRAL, RetryPolicy
 from jobs.task import PlumbTask
 from outbound.urls import origin_key_or_none
 
 log = logging.getLogger(__name__)
-
-# Bounded by the fetch timeout; the hard limit only catches a stuck parser.
-AUDIT_SOFT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 30
-AUDIT_TIME_LIMIT_SECONDS = settings.AUDIT_FETCH_TIMEOUT_SECONDS + 60
 
 AUDIT_POLICY = RetryPolicy(
     # A page's host busy (PAGE_FETCH_PER_HOST_CONCURRENCY): back after 0.25 s, then 0.5,
@@ -43,6 +39,7 @@ LINK_CHECK_POLICY = RetryPolicy()
 
 class AuditTask(PlumbTask):
     policy = AUDIT_POLICY
+    job = AUDIT_JOB
 
     def downstream_host(self, args, kwargs):
         # Its type is checked already (PlumbTask: `audit_id: str`).
@@ -60,15 +57,8 @@ class AuditTask(PlumbTask):
         # is the page's origin's: a closed port elsewhere on its host is not its concern.
         return None if status in Audit.FINISHED else origin_key_or_none(url)
 
-    def before_wait(self, reason, seconds, *, why, args, kwargs):
-        try:
-            services.mark_waiting(
-                args[0], f"waiting ({reason}): {why}", attempt_spent=reason == RETRY,
-                seconds=seconds,
-            )  # fmt: skip
-        except DATABASE_UNAVAILABLE:
-            # The wait must still be stored when the database is what failed.
-            log.warning("audit.wait_not_recorded", extra={"audit_id": args[0]})
+    def waiting_fields(self, reason, why):
+        return {"error": f"waiting ({reason}): {why}"}
 
     def after_final_failure(self, exc, *, args, kwargs):
         if args:
@@ -97,8 +87,6 @@ class AuditTask(PlumbTask):
     base=AuditTask,
     name="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
-    soft_time_limit=AUDIT_SOFT_TIME_LIMIT_SECONDS,
-    time_limit=AUDIT_TIME_LIMIT_SECONDS,
 )
 def run_audit(self, audit_id: str) -> None:
     # After an outage the claim counts this attempt once, however many runs it took.
@@ -111,8 +99,10 @@ def run_audit(self, audit_id: str) -> None:
 
 class LinkCheckTask(PlumbTask):
     policy = LINK_CHECK_POLICY
+    job = LINK_CHECK_JOB
 
     def before_wait(self, reason, seconds, *, why, args, kwargs):
+        super().before_wait(reason, seconds, why=why, args=args, kwargs=kwargs)
         if reason == DEFERRAL:
             # Bounded by the audits' deadline: a check woken after it still records the
             # outcome, for the audits that list the link next.
@@ -132,8 +122,6 @@ class LinkCheckTask(PlumbTask):
     base=LinkCheckTask,
     name="audits.check_shared_link",
     queue=settings.AUDIT_QUEUE,
-    soft_time_limit=LINK_CHECK_TIME_LIMIT_SECONDS - 30,
-    time_limit=LINK_CHECK_TIME_LIMIT_SECONDS,
 )
 def check_shared_link(self, shared_link_id: int) -> None:
     """One distinct link's check, for every audit listing it (its claim names this task),
@@ -148,8 +136,8 @@ def enqueue_audit(audit: Audit) -> bool:
     """Publish the audit's message; False (logged) if the broker cannot take it now.
 
     Runs after the row is committed, so a failure here must not fail the request that
-    created it: the audit is accepted, and the reconciler (audits.reconcile) publishes
-    it again once the broker is back (audits.reconcile).
+    created it: the audit is accepted, and the reconciler (jobs.reconcile) publishes
+    it again once the broker is back.
     """
     try:
         run_audit.apply_async(

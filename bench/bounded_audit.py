@@ -16,7 +16,7 @@ once (audits.submission.submit_audit, committed together); then it samples each 
 resident memory (psutil, every 0.1 s) until every audit has finished, and for 5 s more.
 
 Reported: each worker's RSS before, at its peak and after; each audit's outcome, the
-time its run took (started_at to finished_at) against the task's soft time limit, and
+time its run took (attempt_started_at to finished_at) against the task's soft time limit, and
 its link counts. Goals: each worker within 500 MB, each audit succeeded within its limit.
 """
 
@@ -103,9 +103,8 @@ def main() -> int:
         from django.conf import settings
         from django.db import transaction
 
-        from audits.models import Audit
+        from audits.models import AUDIT_JOB, Audit
         from audits.submission import submit_audit
-        from audits.tasks import AUDIT_SOFT_TIME_LIMIT_SECONDS
         from bench.services import SessionProcess
         from devstack.management.commands.runstack import stack_commands
         from outbound.urls import normalize_url
@@ -176,7 +175,7 @@ def main() -> int:
                 f"{after[name] / mb:.0f} | {'yes' if peak[name] <= GOAL_RSS_BYTES else 'NO'} |"
             )
         print(
-            f"\n| audit | status | run (s) | within {AUDIT_SOFT_TIME_LIMIT_SECONDS:g} s "
+            f"\n| audit | status | run (s) | within {AUDIT_JOB.deadline.soft:g} s "
             "| internal links | links_truncated | error |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -184,13 +183,13 @@ def main() -> int:
         rows = Audit.objects.filter(id__in=ids).order_by("created_at", "id")
         for number, audit in enumerate(rows, 1):
             run = (
-                (audit.finished_at - audit.started_at).total_seconds()
-                if audit.finished_at and audit.started_at
+                (audit.finished_at - audit.attempt_started_at).total_seconds()
+                if audit.finished_at and audit.attempt_started_at
                 else None
             )
             result = audit.result or {}
             counts = result.get("link_counts") or {}
-            within = run is not None and run <= AUDIT_SOFT_TIME_LIMIT_SECONDS
+            within = run is not None and run <= AUDIT_JOB.deadline.soft
             ok = ok and within and audit.status == Audit.Status.SUCCEEDED
             print(
                 f"| {number} | {audit.status} | {'-' if run is None else f'{run:.1f}'} | "

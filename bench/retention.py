@@ -215,10 +215,10 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     cursor.execute(
         """
         INSERT INTO audits_audit (id, page_id, status, trigger, attempts, task_id,
-            idempotency_key, created_at, started_at, finished_at, result, changes, got_worse,
-            error, link_checks_deadline, callback_url, callback_secret)
+            idempotency_key, created_at, attempt_started_at, published_at, finished_at, result,
+            changes, got_worse, error, link_checks_deadline, callback_url, callback_secret)
         SELECT gen_random_uuid(), p.id, 'succeeded', 'reaudit', 1, gen_random_uuid()::text,
-            'reaudit-' || p.id || '-' || %(day)s, placed.at, placed.at,
+            'reaudit-' || p.id || '-' || %(day)s, placed.at, placed.at, placed.at,
             placed.at + interval '40 seconds',
             jsonb_build_object(
                 'requested_url', p.url, 'final_url', p.url, 'redirects', '[]'::jsonb,
@@ -266,16 +266,18 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     cursor.execute(
         """
         INSERT INTO audits_sharedlink (url, status, status_code, final_url, github, detail,
-                                       checked_at, checking_since, check_task_id, suspect_since)
+                                       checked_at, check_status, task_id, attempts,
+                                       published_at, suspect_since)
         SELECT link.value ->> 'url', 'ok', 200, '', NULL, '',
-               min(a.started_at) + interval '30 seconds', NULL, '', NULL
+               min(a.attempt_started_at) + interval '30 seconds', 'idle', '', 1,
+               min(a.attempt_started_at), NULL
         FROM audits_audit a, jsonb_array_elements(a.result -> 'links') link(value)
         WHERE a.created_at >= %(at)s
         GROUP BY link.value ->> 'url'
         ON CONFLICT (url) DO UPDATE SET status = excluded.status,
             status_code = excluded.status_code, final_url = excluded.final_url,
             github = excluded.github, detail = excluded.detail,
-            checked_at = excluded.checked_at, checking_since = NULL, check_task_id = '',
+            checked_at = excluded.checked_at, check_status = 'idle', task_id = '',
             suspect_since = NULL
         """,
         params,
@@ -284,11 +286,11 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     # (no task id of its own: the check's task is the shared link's).
     cursor.execute(
         """
-        INSERT INTO audits_linkcheck (audit_id, url, link_id, status, task_id, status_code,
+        INSERT INTO audits_linkcheck (audit_id, url, link_id, status, status_code,
                                       final_url, detail, created_at, finished_at)
-        SELECT a.id, link.value ->> 'url', s.id, 'ok', '', 200, '', '',
-               a.started_at + link.n * interval '1 millisecond',
-               a.started_at + interval '30 seconds'
+        SELECT a.id, link.value ->> 'url', s.id, 'ok', 200, '', '',
+               a.attempt_started_at + link.n * interval '1 millisecond',
+               a.attempt_started_at + interval '30 seconds'
         FROM audits_audit a
         CROSS JOIN LATERAL jsonb_array_elements(a.result -> 'links') WITH ORDINALITY link(value, n)
         JOIN audits_sharedlink s ON s.url = link.value ->> 'url'
@@ -299,9 +301,11 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     cursor.execute(
         """
         INSERT INTO webhooks_delivery (id, audit_id, event, url, status, attempts, task_id,
-            last_status_code, last_error, delivered_at, created_at, updated_at)
+            last_status_code, last_error, delivered_at, created_at, updated_at, published_at,
+            attempt_started_at)
         SELECT gen_random_uuid(), a.id, 'audit.changed', p.callback_url, 'delivered', 1,
-               gen_random_uuid()::text, 200, '', a.finished_at, a.finished_at, a.finished_at
+               gen_random_uuid()::text, 200, '', a.finished_at, a.finished_at, a.finished_at,
+               a.finished_at, a.finished_at
         FROM audits_audit a JOIN audits_page p ON p.id = a.page_id
         WHERE a.created_at >= %(at)s AND p.callback_url <> ''
         """,

@@ -18,8 +18,8 @@
 `held` and `delayed` are reported together as `retrying`: owed a slot, not yet due.
 The running attempts are registered by the runtime itself around every run
 (`running`), under any pool: a prefork process, a thread or a greenlet registers
-the attempt it runs. An entry is a lease that outlives the task's hard time limit,
-so the entry of a process that died vanishes within that limit.
+the attempt it runs. An entry is the lease its task's deadline budget derives
+(jobs.deadlines), so the entry of a process that died vanishes within it.
 
 Each count is O(1) or O(log n) in Redis (LLEN, HLEN, ZCARD, ZCOUNT, plus trimming expired leases), so
 the read costs the same with 100 or 100,000 held messages, and it is one Lua script:
@@ -42,10 +42,6 @@ from jobs.delayed import delayed_key, leased_key
 from jobs.policy import wait_horizon
 
 log = logging.getLogger(__name__)
-
-# A running lease outlives the hard time limit by this much, so clock skew between
-# a worker host and Redis never drops the entry of a live attempt.
-RUNNING_LEASE_MARGIN_SECONDS = 30
 
 # KEYS from `backlog_keys` (from KEYS[first_key] on): unacked hash, running zset,
 # delayed zset, leased zset, then the queue's lists. `horizon`: seconds from now within
@@ -140,12 +136,14 @@ def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSn
 def attempt_started(
     queue: str, run_id: str, *, lease_seconds: float, pipe: Pipeline | None = None
 ) -> None:
-    """An attempt runs: its held message is not owed a slot while it does.
+    """An attempt runs: its held message is not owed a slot while it does. Its entry
+    lapses after `lease_seconds` (the task's deadline lease, jobs.deadlines), so a worker
+    that died running it leaves nothing behind.
 
     With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller).
     """
     keys = [running_key(queue)]
-    args = [run_id, lease_seconds + RUNNING_LEASE_MARGIN_SECONDS]
+    args = [run_id, lease_seconds]
     if pipe is not None:
         queue_script(pipe, _STARTED, keys=keys, args=args)
     else:

@@ -20,6 +20,7 @@ from django.db import connections
 from config.redis import dedicated_client
 from jobs import delayed, reconcile, sweeps, timelimits
 from jobs.checks import plumb_tasks
+from jobs.deadlines import deadline_problems
 from observability import sampler
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class TimeLimitCheck(bootsteps.Step):
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
-        problems = timelimits.limit_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
+        problems = deadline_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
         for problem in problems:
             log.error("worker.time_limit_exceeds_visibility_timeout", extra={"problem": problem})
 

@@ -10,8 +10,8 @@ from django.core import checks
 from django.utils.module_loading import autodiscover_modules
 
 from config.celery_app import app
+from jobs.deadlines import deadline_problems
 from jobs.task import PlumbTask
-from jobs.timelimits import limit_problems
 
 
 def plumb_tasks() -> list[PlumbTask]:
@@ -35,5 +35,5 @@ def time_limits_fit_visibility_timeouts(app_configs=None, **kwargs) -> list[chec
             "(docs/configuration.md).",
             id="jobs.E001",
         )
-        for problem in limit_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
+        for problem in deadline_problems(plumb_tasks(), settings.QUEUE_VISIBILITY_TIMEOUTS)
     ]

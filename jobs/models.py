@@ -1,8 +1,35 @@
-"""The job runtime's records: dead letters, and the last known state of each breaker."""
+"""The job runtime's records: each job's row (declared by the apps), dead letters, and
+the last known state of each breaker."""
 
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
+
+
+class JobRow(models.Model):
+    """A job's record in PostgreSQL: what the runtime knows of one job, whatever its kind.
+
+    Audits, shared link checks and webhook deliveries each inherit it and declare their
+    states once (a jobs.lifecycle.Job); claim, wait, finish, fail and what is owed are
+    derived from that declaration. Redis carries the job's message; this row is what
+    the reconciler rebuilds it from.
+    """
+
+    # The task id its current message carries (a replay gives it a new one).
+    task_id = models.CharField(max_length=255, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # When its latest attempt began (claim): older than its deadline's `dead_after`,
+    # no attempt is alive.
+    attempt_started_at = models.DateTimeField(null=True, blank=True)
+    # While it waits: when the wait (held in Redis) is due.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # When its current message was published: created, claimed, replayed, or published
+    # again by the reconciler (never again within RECONCILE_AFTER_SECONDS of this).
+    published_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
 
 
 class DeadLetter(models.Model):

@@ -3,9 +3,9 @@
 Every message, held retry and delayed-store entry lives in Redis, and Redis may come
 back empty (a restart without persistence) or behind (a failover to a replica that
 had not caught up: Sentinel does not keep every acknowledged write). Each app says
-what it owes as rows in its own tables, and registers one `OwedWork` per kind of job
-in its AppConfig.ready(): which rows are owed in a `Window`, and how to publish one
-again. A tick (`reconcile`, run by every worker's `jobs.bootsteps.Reconciler`, one
+what it owes as rows in its own tables: a kind of job registers its declaration
+(`register_job`, jobs.lifecycle: one rule for every job row), and other work its own
+`OwedWork` (a night's slices and placements), in its AppConfig.ready(). A tick (`reconcile`, run by every worker's `jobs.bootsteps.Reconciler`, one
 worker per RECONCILE_INTERVAL_SECONDS cluster-wide) asks every source, in two ways:
 
 - Redis lost data: the tick finds the mark it left at the last tick gone (Redis came
@@ -20,7 +20,7 @@ worker per RECONCILE_INTERVAL_SECONDS cluster-wide) asks every source, in two wa
   again, at once. Found by age, never by searching Redis (O(messages) a row).
 
 A row published again whose message was not really lost runs once anyway: every job
-claims its row (claim_audit, claim_delivery, a placement's idempotency key,
+claims its row (jobs.lifecycle.Job.claim, a placement's idempotency key,
 jobs.delayed.claim for the store's own publishes), so a duplicate costs one claim that
 finds the work done, or at worst one repeated downstream call (DECISIONS.md,
 "Redis holds nothing that PostgreSQL cannot rebuild").
@@ -41,10 +41,10 @@ import kombu.exceptions
 import redis
 from celery import current_app
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
 from jobs import delayed
+from jobs.lifecycle import Job, Owed, Window
 from jobs.models import ReconcileMark
 from observability import metrics
 
@@ -59,53 +59,8 @@ LOCK_KEY = "jobs:reconcile:lock"
 MARK_MARGIN_SECONDS = 60.0
 # A due time this close is not worth a trip through the delayed store.
 PUBLISH_NOW_WITHIN_SECONDS = 1.0
-# Rows a source publishes again in one tick by the age rule (each then carries its
-# `requeued_at`, so the next tick goes on from there). After Redis lost data a tick
-# publishes everything owed, streamed in chunks of this size.
-BATCH = 1000
 # Held while a tick runs; a tick that ends early lets the lock lapse at the interval.
 LOCK_LONGEST_SECONDS = 600.0
-
-
-@dataclass(frozen=True)
-class Window:
-    """Which owed rows a tick publishes again.
-
-    redis_lost: Redis lost what was written after `lost_since` (None: all of it).
-      A source returns every row whose current message or wait was written since
-      then (a superset is harmless; its due time is at least when it was written).
-    otherwise: a source returns the rows still owed whose message should have run
-      before `overdue_before`, and not published again since.
-    """
-
-    now: datetime
-    redis_lost: bool
-    lost_since: datetime | None
-    overdue_before: datetime
-
-    @property
-    def limit(self) -> int | None:
-        """How many rows a source reads: all of them after a loss (the tick is not done
-        until everything owed is out), else a batch."""
-        return None if self.redis_lost else BATCH
-
-    def since(self, *fields: str) -> Q:
-        """Rows with any of `fields` at or after `lost_since` (all rows when it is None)."""
-        if self.lost_since is None:
-            return Q()
-        condition = Q(pk__in=[])
-        for name in fields:
-            condition |= Q(**{f"{name}__gte": self.lost_since})
-        return condition
-
-    def overdue(self, field: str, *, republished: str | None = None) -> Q:
-        """Rows whose `field` is before `overdue_before`, not `republished` since."""
-        condition = Q(**{f"{field}__lt": self.overdue_before})
-        if republished is not None:
-            condition &= Q(**{f"{republished}__isnull": True}) | Q(
-                **{f"{republished}__lt": self.overdue_before}
-            )
-        return condition
 
 
 @dataclass(frozen=True)
@@ -128,6 +83,21 @@ _sources: dict[str, OwedWork] = {}
 def register(source: OwedWork) -> None:
     """Called from an AppConfig.ready(); registering a name again replaces it."""
     _sources[source.name] = source
+
+
+def register_job(job: Job) -> None:
+    """A kind of job (jobs.lifecycle) as a source: its rows say what is owed, by the one rule."""
+
+    def republish(owed: Owed) -> bool:
+        if not publish_owed(
+            job.task, args=[job.message_arg(owed.pk)], task_id=owed.task_id, queue=job.queue,
+            due_at=owed.due_at, retries=owed.attempts,
+        ):  # fmt: skip
+            return False
+        job.published(owed.pk)
+        return True
+
+    register(OwedWork(job.name, job.owed, republish))
 
 
 def sources() -> list[OwedWork]:

@@ -47,6 +47,7 @@ from redis import RedisError
 
 from config.redis import redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
+from jobs.deadlines import Deadline
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
 from jobs.headers import (
     CARRIED_HEADERS,
@@ -56,6 +57,7 @@ from jobs.headers import (
     RESUME_HEADER,
     header,
 )
+from jobs.lifecycle import Job
 from jobs.policy import (
     DEFERRAL,
     INFRASTRUCTURE_UNAVAILABLE,
@@ -142,9 +144,23 @@ class PlumbTask(Task):
     abstract = True
     Request = PlumbRequest
     policy: RetryPolicy = RetryPolicy()
+    # The task's deadline budget (jobs.deadlines), declared once: its soft and hard time
+    # limits, its running lease and what it holds are derived from it. Given as an option
+    # (`@shared_task(deadline=...)`) or by the task's job.
+    deadline: Deadline | None = None
+    # The kind of job whose row this task runs (jobs.lifecycle), keyed by its first
+    # argument: the runtime records each wait on the row.
+    job: Job | None = None
     # Celery's own retry machinery is off: the policy decides (`_wait`).
     autoretry_for = ()
     retry_backoff = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.deadline is None and cls.job is not None:
+            cls.deadline = cls.job.deadline
+        if cls.deadline is not None:
+            cls.soft_time_limit, cls.time_limit = cls.deadline.soft, cls.deadline.hard
 
     def downstream_host(self, args: tuple, kwargs: dict) -> str | None:
         """The origin this run will call (its breaker's key, as `outbound.urls.origin_key`
@@ -181,7 +197,13 @@ class PlumbTask(Task):
 
     def _time_budget(self) -> float:
         queue = self._queue()
-        return self.soft_time_limit or self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
+        return self.soft_time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
+
+    def _lease(self) -> float:
+        """How long the attempt's running entry outlives a worker that died running it."""
+        if self.deadline is not None:
+            return self.deadline.lease
+        return settings.QUEUE_VISIBILITY_TIMEOUTS[self._queue()]
 
     def _run(self, args, kwargs):
         """One run; a failure for good is recorded here, inside the task's body."""
@@ -226,10 +248,7 @@ class PlumbTask(Task):
         # The attempt's metrics and its running-registry entry go in one round trip.
         pipe = redis_client().pipeline(transaction=False)
         instrumentation.attempt_started(self, pipe=pipe)
-        backlog.attempt_started(
-            queue, run_id,
-            lease_seconds=self.time_limit or settings.QUEUE_VISIBILITY_TIMEOUTS[queue], pipe=pipe,
-        )  # fmt: skip
+        backlog.attempt_started(queue, run_id, lease_seconds=self._lease(), pipe=pipe)
         self._send_bookkeeping(pipe, "attempt_started")
         hard, soft = self.request.timelimit or (None, None)
         timelimits.attempt_started(
@@ -570,8 +589,19 @@ class PlumbTask(Task):
 
     # --- hooks -------------------------------------------------------------------
     def before_wait(self, reason: str, seconds: float, *, why: str, args, kwargs) -> None:
-        """Called before the job is sent back to wait (retry, deferral or park),
-        while the task still holds its message."""
+        """Called before the job is sent back to wait (retry, deferral, park or outage),
+        while the task still holds its message: its row says it waits, and until when.
+        A subclass adds its own fields with `waiting_fields`."""
+        if self.job is None or not args:
+            return
+        self.job.wait(
+            args[0], seconds=seconds, attempt_spent=reason == RETRY, task_id=self.request.id,
+            **self.waiting_fields(reason, why),
+        )  # fmt: skip
+
+    def waiting_fields(self, reason: str, why: str) -> dict:
+        """More of the row to write as the job waits (an audit's `error` says why)."""
+        return {}
 
     def after_final_failure(self, exc, *, args, kwargs) -> None:
         """Called once no attempt is left (or the error was not retryable)."""

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from jobs import retention
+from jobs.deadlines import Deadline
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 
@@ -24,9 +25,9 @@ class RetentionTask(PlumbTask):
     base=RetentionTask,
     name="jobs.prune",
     queue=settings.RETENTION_QUEUE,
-    # A run stops itself at RETENTION_RUN_SECONDS; the limits only catch a stuck batch.
-    soft_time_limit=settings.RETENTION_RUN_SECONDS + 20,
-    time_limit=settings.RETENTION_RUN_SECONDS + 30,
+    # A run stops itself at RETENTION_RUN_SECONDS (60 s); the limits (80 / 110 s) only catch
+    # a stuck batch, and stay within the workers' 120 s stop grace.
+    deadline=Deadline(work=settings.RETENTION_RUN_SECONDS - 10),
 )
 def prune() -> None:
     """Prune every kind for up to RETENTION_RUN_SECONDS; publish the rest as a new run."""

@@ -23,7 +23,6 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
@@ -97,28 +96,3 @@ def _set_async_exception(ident: int, exception: type[BaseException] | None) -> N
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(ident), ctypes.py_object(exception) if exception else None
     )
-
-
-def limit_problems(tasks: Iterable, visibility_timeouts: Mapping[str, float]) -> list[str]:
-    """What is wrong with each task's time limits against its queue's visibility timeout.
-
-    Every attempt must end before its queue's visibility timeout hands the message to
-    another worker, or a slow attempt runs twice at once: soft < hard < visibility.
-    `manage.py check` reports each as an error (jobs.checks), and a worker logs them as
-    it starts (jobs.bootsteps.TimeLimitCheck).
-    """
-    problems = []
-    for task in sorted(tasks, key=lambda task: task.name):
-        visibility = visibility_timeouts.get(task.queue)
-        soft, hard = task.soft_time_limit, task.time_limit
-        if visibility is None:
-            problems.append(f"{task.name}: its queue {task.queue!r} has no visibility timeout")
-        elif not soft or not hard:
-            problems.append(f"{task.name}: it declares no soft or no hard time limit")
-        elif not soft < hard < visibility:
-            problems.append(
-                f"{task.name}: soft {soft:g} s < hard {hard:g} s < the {task.queue} queue's "
-                f"visibility timeout {visibility:g} s does not hold, so a slow attempt would "
-                "be handed to a second worker while it still runs"
-            )
-    return problems

@@ -31,7 +31,8 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from config.redis import redis_client
-from jobs.reconcile import BATCH, PUBLISH_ERRORS, OwedWork, Window
+from jobs.lifecycle import BATCH, Window
+from jobs.reconcile import PUBLISH_ERRORS, OwedWork
 from reaudit import services
 from reaudit.models import FanOut, Placement
 from reaudit.tasks import NIGHT_TASKS, fan_out

@@ -11,6 +11,7 @@ from datetime import date, datetime
 from celery import shared_task
 from django.conf import settings
 
+from jobs.deadlines import Deadline
 from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 from reaudit import services
@@ -20,8 +21,9 @@ from reaudit import services
 # database, stay far inside REAUDIT_VISIBILITY_TIMEOUT_SECONDS (1,800 s; a reaudit worker
 # also holds a slice's messages for up to REAUDIT_SLICE_SECONDS before running them) and
 # inside the workers' stop grace in docker-compose.yml (120 s).
-NIGHT_LIMITS = {"soft_time_limit": 90, "time_limit": 110}
-PLACEMENT_LIMITS = {"soft_time_limit": 60, "time_limit": 90}
+# (jobs.deadlines: soft = work + 30 s, hard = soft + 30 s.)
+NIGHT_DEADLINE = Deadline(work=50)
+PLACEMENT_DEADLINE = Deadline(work=30)
 
 
 class ReauditTask(PlumbTask):
@@ -33,7 +35,7 @@ class ReauditTask(PlumbTask):
     base=ReauditTask,
     name="reaudit.fan_out",
     queue=settings.REAUDIT_QUEUE,
-    **NIGHT_LIMITS,
+    deadline=NIGHT_DEADLINE,
 )
 def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     services.fan_out(
@@ -47,7 +49,7 @@ def fan_out(day: str | None = None, window_seconds: int | None = None) -> None:
     base=ReauditTask,
     name="reaudit.publish_slice",
     queue=settings.REAUDIT_QUEUE,
-    **NIGHT_LIMITS,
+    deadline=NIGHT_DEADLINE,
 )
 def publish_slice(day: str, index: int, planned_at: str) -> None:
     services.publish_slice(
@@ -62,7 +64,7 @@ def publish_slice(day: str, index: int, planned_at: str) -> None:
     base=ReauditTask,
     name="reaudit.place",
     queue=settings.REAUDIT_QUEUE,
-    **PLACEMENT_LIMITS,
+    deadline=PLACEMENT_DEADLINE,
 )
 def place(page_id: int, day: str) -> None:
     services.fire_placement(page_id, date.fromisoformat(day))

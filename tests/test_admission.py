@@ -12,7 +12,7 @@ from django.conf import settings
 
 from audits import admission
 from audits.admission import BucketAnswer, client_ip, submit_bucket_key
-from audits.tasks import AUDIT_TIME_LIMIT_SECONDS
+from audits.tasks import run_audit
 from jobs import backlog, delayed
 from jobs.backlog import BacklogSnapshot, backlog_snapshot
 from jobs.task import PlumbTask
@@ -164,9 +164,9 @@ def test_a_running_lease_left_by_a_dead_process_expires(redis_client):
 
 
 def test_a_running_lease_outlives_the_hard_time_limit(redis_client):
-    backlog.attempt_started(AUDITS, "run-1", lease_seconds=AUDIT_TIME_LIMIT_SECONDS)
+    backlog.attempt_started(AUDITS, "run-1", lease_seconds=run_audit.deadline.lease)
     ((_, deadline),) = redis_client.zrange(backlog.running_key(AUDITS), 0, -1, withscores=True)
-    assert deadline - time.time() > AUDIT_TIME_LIMIT_SECONDS
+    assert deadline - time.time() > run_audit.time_limit
 
 
 def test_other_queues_are_not_the_audits_backlog(redis_client):

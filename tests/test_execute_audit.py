@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from audits import linkcheck, services, submission
-from audits.models import Audit
+from audits.models import AUDIT_JOB, Audit
 from jobs.errors import RateLimited, Transient
 from outbound.client import admission_key_for_url
 from outbound.urls import normalize_url
@@ -35,7 +35,7 @@ def test_a_finished_audit_stores_its_result(site, redis_client):
     assert audit.status == Audit.Status.SUCCEEDED
     assert audit.result["links"] == [{"url": check.url, "status": "ok", "status_code": 200}]
     assert audit.attempts == 1
-    assert audit.started_at and audit.finished_at
+    assert audit.attempt_started_at and audit.finished_at
     assert audit.result["final_url"] == f"{site.base_url}/"
 
 
@@ -45,7 +45,7 @@ def test_a_transient_error_leaves_the_audit_for_the_retry(site):
         services.execute_audit(str(audit.id))
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RUNNING
-    services.mark_waiting(str(audit.id), "attempt 1 failed", attempt_spent=True, seconds=30)
+    AUDIT_JOB.wait(audit.id, seconds=30, attempt_spent=True, error="attempt 1 failed")
     audit.refresh_from_db()
     assert audit.status == Audit.Status.RETRYING
     # The wait lives in Redis; the row says when it is due, for the reconciler.
@@ -87,8 +87,8 @@ def test_a_host_known_to_be_rate_limited_is_not_fetched_and_the_attempt_is_given
         services.execute_audit(str(audit.id))
     assert limited.value.retry_at == pytest.approx(now + 120)
     assert site.hits["/noindex"] == 0
-    services.mark_waiting(
-        str(audit.id), attempt_spent=False, error=f"rate limited: {limited.value}", seconds=120
+    AUDIT_JOB.wait(
+        audit.id, seconds=120, attempt_spent=False, error=f"rate limited: {limited.value}"
     )
     audit.refresh_from_db()
     assert (audit.status, audit.attempts) == (Audit.Status.RETRYING, 0)

@@ -155,7 +155,7 @@ def test_distinct_links_not_checked_lately_go_unless_a_check_waits_on_them():
     stale = SharedLink.objects.create(url="https://stale.test/", status="ok", checked_at=long_ago)
     fresh = SharedLink.objects.create(url="https://fresh.test/", status="ok", checked_at=lately)
     in_flight = SharedLink.objects.create(
-        url="https://in-flight.test/", status="ok", checked_at=long_ago, checking_since=NOW
+        url="https://in-flight.test/", status="ok", checked_at=long_ago, check_status="running"
     )
     awaited = SharedLink.objects.create(
         url="https://awaited.test/", status="ok", checked_at=long_ago

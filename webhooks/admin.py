@@ -36,6 +36,8 @@ class DeliveryAdmin(admin.ModelAdmin):
         "last_status_code",
         "last_error",
         "next_attempt_at",
+        "attempt_started_at",
+        "published_at",
         "delivered_at",
         "created_at",
         "updated_at",

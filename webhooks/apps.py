@@ -11,11 +11,10 @@ class WebhooksConfig(AppConfig):
         # still owed a delivery is kept).
         from jobs import reconcile, retention
         from webhooks import tasks  # noqa: F401
-        from webhooks.reconcile import SOURCES
+        from webhooks.models import DELIVERY_JOB
         from webhooks.retention import DEAD_LETTERS, KIND, without_owed_deliveries
 
-        for source in SOURCES:
-            reconcile.register(source)
+        reconcile.register_job(DELIVERY_JOB)
         retention.register(KIND)
         retention.register(DEAD_LETTERS)
         retention.keep("audits", without_owed_deliveries)

@@ -16,11 +16,9 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
-from django.db.models import F
 from django.utils import timezone
 from redis.exceptions import LockError
 from redis.lock import Lock
@@ -31,27 +29,16 @@ from audits.summary import abridged_changes, abridged_result
 from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, RateLimited, Transient
 from outbound.integrations import webhook
-from webhooks.models import Delivery
+from webhooks.models import DELIVERY_JOB, Delivery
 
 log = logging.getLogger(__name__)
 
-# An attempt's lease outlives its request's deadline by this much (see attempt_lease).
-ATTEMPT_LEASE_SLACK_SECONDS = 5
 ATTEMPT_LEASE_POLL_SECONDS = 0.1
 
 
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
     GONE = "gone"  # finished already (a duplicate message) or deleted
-
-
-def attempt_time_limits() -> tuple[float, float]:
-    """(soft, hard) seconds for one attempt: its request's whole deadline
-    (WEBHOOK_TIMEOUT_SECONDS, outbound.bounded) plus the database's and Redis's waits.
-    Both stay below WEBHOOKS_VISIBILITY_TIMEOUT_SECONDS, so the broker never hands a
-    live attempt's message to another thread (tests/test_time_limits.py)."""
-    timeout = settings.WEBHOOK_TIMEOUT_SECONDS
-    return timeout + 20, timeout + 30
 
 
 # --- The payload ------------------------------------------------------------------
@@ -133,15 +120,9 @@ def create_change_delivery(audit_id) -> tuple[Delivery | None, bool]:
 
 
 def reset_failed(delivery: Delivery, *, task_id: str) -> bool:
-    """A failed delivery becomes pending again under a new task id; False if it is not failed."""
-    return bool(
-        Delivery.objects.filter(id=delivery.id, status=Delivery.Status.FAILED).update(
-            status=Delivery.Status.PENDING,
-            task_id=task_id,
-            next_attempt_at=None,
-            updated_at=timezone.now(),
-        )
-    )
+    """A failed delivery becomes pending again under a new task id, with a fresh budget of
+    attempts; False if it is not failed."""
+    return DELIVERY_JOB.requeue(delivery.id, task_id=task_id, from_status=Delivery.Status.FAILED)
 
 
 # --- One attempt -----------------------------------------------------------------
@@ -189,10 +170,10 @@ def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
     holds the lease, then yields None if the first recorded its outcome (the first
     owns what comes next: this copy is dropped), or the lease if the first died
     mid-attempt (the row still says `delivering`). The lease lapses on its own, so a
-    SIGKILLed holder frees it: it lasts one request's deadline plus
-    ATTEMPT_LEASE_SLACK_SECONDS, renewed just before the POST (`attempt_delivery`).
+    SIGKILLed holder frees it: it lasts the task's deadline lease (jobs.deadlines),
+    renewed just before the POST (`attempt_delivery`).
     """
-    ttl = settings.WEBHOOK_TIMEOUT_SECONDS + ATTEMPT_LEASE_SLACK_SECONDS
+    ttl = DELIVERY_JOB.deadline.lease
     lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
     waited = not lease.acquire(blocking=False)
     if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
@@ -217,7 +198,7 @@ def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
 
 
 def _renewed(lease: Lock) -> bool:
-    """The lease runs a whole request's deadline (and its slack) from now, still ours."""
+    """The lease runs its whole length again from now, still ours."""
     try:
         return lease.reacquire()
     except LockError:
@@ -229,24 +210,13 @@ def _still_delivering(delivery_id: str) -> bool:
 
 
 def claim_delivery(delivery_id: str) -> Delivery | None:
-    """Count an attempt; None if the delivery finished meanwhile (a duplicate message).
+    """Begin an attempt (DELIVERY_JOB.claim); None if the delivery finished meanwhile (a
+    duplicate message).
 
     `delivering` can be claimed again: a worker died mid-attempt and the
     message came back (only once its attempt lease is free: `attempt_lease`).
     """
-    claimed = (
-        Delivery.objects.filter(id=delivery_id)
-        .exclude(status__in=Delivery.FINISHED)
-        # updated_at by hand (update() skips auto_now): when this attempt began, which
-        # the reconciler reads for a delivery whose worker and message were both lost.
-        .update(
-            status=Delivery.Status.DELIVERING,
-            attempts=F("attempts") + 1,
-            next_attempt_at=None,
-            updated_at=timezone.now(),
-        )
-    )
-    if not claimed:
+    if not DELIVERY_JOB.claim(delivery_id):
         return None
     return Delivery.objects.select_related("audit__page").get(id=delivery_id)
 
@@ -282,8 +252,9 @@ def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
         record_failure(delivery_id, status_code=exc.status_code, error=str(exc))
         raise
     with transaction.atomic():
-        Delivery.objects.filter(id=delivery_id).update(
-            status=Delivery.Status.DELIVERED,
+        DELIVERY_JOB.finish(
+            delivery_id,
+            Delivery.Status.DELIVERED,
             delivered_at=timezone.now(),
             last_status_code=status_code,
             last_error="",
@@ -308,10 +279,9 @@ def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
 
 
 def give_back_attempt(delivery_id: str) -> None:
-    """Uncount the attempt `claim_delivery` counted: its POST was never sent."""
-    Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).update(
-        status=Delivery.Status.RETRYING, attempts=F("attempts") - 1
-    )
+    """Uncount the attempt `claim_delivery` counted: its POST was never sent. (Its wait's
+    due time is written as it waits, jobs.task's `before_wait`.)"""
+    DELIVERY_JOB.wait(delivery_id, seconds=0, attempt_spent=False)
 
 
 def record_failure(delivery_id: str, *, status_code: int | None, error: str) -> None:
@@ -320,19 +290,8 @@ def record_failure(delivery_id: str, *, status_code: int | None, error: str) -> 
     )
 
 
-def mark_retrying(delivery_id: str, *, delay: float) -> None:
-    Delivery.objects.filter(id=delivery_id).exclude(status__in=Delivery.FINISHED).update(
-        status=Delivery.Status.RETRYING, next_attempt_at=timezone.now() + timedelta(seconds=delay)
-    )
-
-
 def mark_failed(delivery_id: str, *, error: str) -> None:
-    updated = (
-        Delivery.objects.filter(id=delivery_id)
-        .exclude(status__in=Delivery.FINISHED)
-        .update(status=Delivery.Status.FAILED, last_error=error[:2000], next_attempt_at=None)
-    )
-    if updated:
+    if DELIVERY_JOB.finish(delivery_id, Delivery.Status.FAILED, last_error=error[:2000]):
         log.warning("webhook.failed", extra={"delivery_id": delivery_id, "error": error})
 
 

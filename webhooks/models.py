@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 from audits.secrets import without_password
+from jobs.deadlines import Deadline
+from jobs.lifecycle import Job
+from jobs.models import JobRow
 
 
-class Delivery(models.Model):
+class Delivery(JobRow):
     """One event about an audit POSTed to a callback URL, over as many attempts as it takes.
 
     `audit.finished` goes to the submission's own callback URL; `audit.changed` to the
@@ -34,11 +38,8 @@ class Delivery(models.Model):
     event = models.CharField(max_length=32, choices=Event.choices, default=Event.FINISHED)
     url = models.CharField(max_length=2048)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    task_id = models.CharField(max_length=255, blank=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -49,7 +50,15 @@ class Delivery(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["audit", "event"], name="delivery_audit_event_unique")
         ]
-        indexes = [models.Index(fields=["status", "-created_at"], name="delivery_status_idx")]
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="delivery_status_idx"),
+            # The reconciler's look at what is owed (jobs.lifecycle).
+            models.Index(
+                fields=["published_at"],
+                condition=models.Q(status__in=["pending", "delivering", "retrying"]),
+                name="delivery_owed_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{without_password(self.url)} ({self.status})"
@@ -57,3 +66,18 @@ class Delivery(models.Model):
     @property
     def webhook_id(self) -> str:
         return f"msg_{self.id.hex}"
+
+
+# A delivery as a job (jobs.lifecycle): one POST, bounded by its whole deadline
+# (WEBHOOK_TIMEOUT_SECONDS, outbound.bounded).
+DELIVERY_JOB = Job(
+    name="webhook_deliveries",
+    model=Delivery,
+    task="webhooks.deliver",
+    queue=settings.WEBHOOK_QUEUE,
+    deadline=Deadline(work=settings.WEBHOOK_TIMEOUT_SECONDS),
+    queued=Delivery.Status.PENDING,
+    running=Delivery.Status.DELIVERING,
+    waiting=Delivery.Status.RETRYING,
+    done=Delivery.FINISHED,
+)

@@ -14,7 +14,7 @@ import uuid
 
 from celery import shared_task
 from django.conf import settings
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.dispatch import receiver
 
 from audits.signals import audit_finished
@@ -22,7 +22,7 @@ from jobs.policy import RetryPolicy
 from jobs.task import PlumbTask
 from outbound.urls import origin_key_or_none
 from webhooks import deliver
-from webhooks.models import Delivery
+from webhooks.models import DELIVERY_JOB, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ WEBHOOK_POLICY = RetryPolicy(
 
 class WebhookTask(PlumbTask):
     policy = WEBHOOK_POLICY
+    job = DELIVERY_JOB
 
     def downstream_host(self, args, kwargs):
         """The destination's origin: while it is failing, its deliveries are parked, not
@@ -53,19 +54,9 @@ class WebhookTask(PlumbTask):
         # A finished or deleted delivery is skipped by the run itself, without a breaker.
         return None if url is None else origin_key_or_none(url)
 
-    def before_wait(self, reason, seconds, *, why, args, kwargs):
-        try:
-            deliver.mark_retrying(args[0], delay=seconds)
-        except OperationalError:
-            # The wait must still be stored when the database is what failed.
-            log.warning("webhook.retry_not_recorded", extra={"delivery_id": args[0]})
-
     def after_final_failure(self, exc, *, args, kwargs):
         attempts = self.request.retries + 1
         deliver.mark_failed(str(args[0]), error=f"gave up after {attempts} attempt(s): {exc}")
-
-
-SOFT_TIME_LIMIT_SECONDS, TIME_LIMIT_SECONDS = deliver.attempt_time_limits()
 
 
 @shared_task(
@@ -73,8 +64,6 @@ SOFT_TIME_LIMIT_SECONDS, TIME_LIMIT_SECONDS = deliver.attempt_time_limits()
     bind=True,
     name="webhooks.deliver",
     queue=settings.WEBHOOK_QUEUE,
-    soft_time_limit=SOFT_TIME_LIMIT_SECONDS,
-    time_limit=TIME_LIMIT_SECONDS,
 )
 def deliver_webhook(self, delivery_id: str) -> None:
     # A destination whose slots are all busy raises RateLimited: the runtime defers it.

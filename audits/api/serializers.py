@@ -222,6 +222,12 @@ class AuditSerializer(BuiltOnceModelSerializer):
         "null for the page's first (or when not succeeded), [] when nothing changed.",
     )
     links = serializers.SerializerMethodField()
+    started_at = serializers.DateTimeField(
+        source="attempt_started_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When its latest attempt began.",
+    )
 
     class Meta:
         model = Audit

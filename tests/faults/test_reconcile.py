@@ -10,9 +10,8 @@ import pytest
 from django.utils import timezone
 
 from audits import submission
-from audits.models import Audit, LinkCheck, SharedLink
-from audits.tasks import run_audit
-from jobs import delayed, reconcile
+from audits.models import AUDIT_JOB, Audit, LinkCheck, SharedLink
+from jobs import delayed, lifecycle, reconcile
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from tests.broker import queued
@@ -21,17 +20,21 @@ from tests.test_metrics import scrape
 from tests.webhook_helpers import finished_audit_with_callback
 from tests.workers import wait_for
 from webhooks import deliver
-from webhooks.models import Delivery
+from webhooks.models import DELIVERY_JOB, Delivery
 
 
 def accepted_without_a_message(url: str, *, age_seconds: float) -> Audit:
     """A committed row whose publish never happened (the web process died in between)."""
     page = submission.get_or_create_page(normalize_url(url))
     audit = Audit.objects.create(page=page, task_id=str(uuid.uuid4()))
-    Audit.objects.filter(id=audit.id).update(
-        created_at=timezone.now() - timedelta(seconds=age_seconds)
-    )
-    return audit
+    created = timezone.now() - timedelta(seconds=age_seconds)
+    Audit.objects.filter(id=audit.id).update(created_at=created, published_at=created)
+    return Audit.objects.get(id=audit.id)
+
+
+def published_again(audit: Audit) -> bool:
+    """The reconciler published its message again since the row was made."""
+    return Audit.objects.get(id=audit.id).published_at > audit.published_at
 
 
 def retrying(audit: Audit, *, due_in: float) -> Audit:
@@ -57,8 +60,8 @@ def test_a_stuck_queued_audit_is_requeued_and_runs(site, start_worker, redis_cli
         timeout=30,
         message="the audit",
     )
-    audit = Audit.objects.get(id=audit.id)
-    assert audit.attempts == 1 and audit.requeued_at is not None
+    assert published_again(audit)
+    assert Audit.objects.get(id=audit.id).attempts == 1
     assert site.hits["/noindex"] == 1
 
 
@@ -68,25 +71,31 @@ def test_recent_and_recently_requeued_audits_are_left_alone(redis_client):
     stuck = accepted_without_a_message("https://example.org/stuck", age_seconds=120)
 
     assert reconciled_now(overdue_after=60).republished == {"audits": 1}
-    assert Audit.objects.get(id=fresh.id).requeued_at is None
+    assert not published_again(fresh)
     # The next run within the threshold does not publish it a second time.
     assert reconciled_now(overdue_after=60).republished == {}
     assert redis_client.llen("audits") == 1
-    assert Audit.objects.get(id=stuck.id).requeued_at is not None
+    assert published_again(stuck)
 
 
 @pytest.mark.django_db
-def test_an_attempt_running_far_past_its_time_limit_is_requeued(redis_client):
+def test_an_attempt_running_far_past_its_deadline_is_requeued(redis_client):
+    # Dead after its deadline's lease (100 s by default), then owed RECONCILE_AFTER_SECONDS.
+    dead_after = AUDIT_JOB.deadline.dead_after
     audit = accepted_without_a_message("https://example.org/orphan", age_seconds=900)
     Audit.objects.filter(id=audit.id).update(
-        status=Audit.Status.RUNNING, started_at=timezone.now() - timedelta(seconds=800)
+        status=Audit.Status.RUNNING,
+        attempt_started_at=timezone.now() - timedelta(seconds=600 + dead_after + 5),
     )
     live = accepted_without_a_message("https://example.org/live", age_seconds=900)
-    Audit.objects.filter(id=live.id).update(status=Audit.Status.RUNNING, started_at=timezone.now())
+    Audit.objects.filter(id=live.id).update(
+        status=Audit.Status.RUNNING,
+        attempt_started_at=timezone.now() - timedelta(seconds=600 + dead_after - 30),
+    )
 
     assert reconciled_now(overdue_after=600).republished == {"audits": 1}
-    assert Audit.objects.get(id=audit.id).requeued_at is not None
-    assert Audit.objects.get(id=live.id).requeued_at is None
+    assert published_again(audit)
+    assert not published_again(live)
 
 
 @pytest.mark.django_db
@@ -126,14 +135,14 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
                        due_in=300)  # fmt: skip
     in_flight = accepted_without_a_message("https://example.org/r", age_seconds=1)
     Audit.objects.filter(id=in_flight.id).update(status=Audit.Status.RUNNING,
-                                                 started_at=timezone.now(), attempts=1)  # fmt: skip
+                                                 attempt_started_at=timezone.now(), attempts=1)  # fmt: skip
     done = accepted_without_a_message("https://example.org/done", age_seconds=1)
     Audit.objects.filter(id=done.id).update(status=Audit.Status.SUCCEEDED)
     checking = accepted_without_a_message("https://example.org/c", age_seconds=1)
     Audit.objects.filter(id=checking.id).update(status=Audit.Status.CHECKING_LINKS)
     # The audit waits on one distinct link whose check (claimed as "check-1") is in flight.
     link = SharedLink.objects.create(
-        url="https://x.test/", checking_since=timezone.now(), check_task_id="check-1"
+        url="https://x.test/", check_status=SharedLink.CheckStatus.QUEUED, task_id="check-1"
     )
     LinkCheck.objects.create(audit=checking, url=link.url, link=link)
     pending, _ = deliver.create_delivery(
@@ -142,7 +151,7 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     backing_off, _ = deliver.create_delivery(
         finished_audit_with_callback("https://r.test/", number=2).id
     )
-    deliver.mark_retrying(str(backing_off.id), delay=120)
+    DELIVERY_JOB.wait(backing_off.id, seconds=120, attempt_spent=True)
     Delivery.objects.filter(id=backing_off.id).update(attempts=3)
 
     result = reconciled_now(redis_lost=True)
@@ -162,10 +171,11 @@ def test_after_redis_came_back_empty_everything_owed_goes_back_each_at_its_due_t
     stored = {entry.task_id: (entry, due) for entry, due in
               delayed.entries("audits") + delayed.entries("webhooks")}  # fmt: skip
     assert set(stored) == {waiting.task_id, backing_off.task_id, in_flight.task_id}
-    # One running may have lost its worker with Redis: a copy once its time limit is over.
+    # One running may have lost its worker with Redis: a copy once its attempt is surely over.
     entry, due = stored[in_flight.task_id]
-    started = Audit.objects.get(id=in_flight.id).started_at.timestamp()
-    assert entry.retries == 1 and due == pytest.approx(started + run_audit.time_limit, abs=2)
+    started = Audit.objects.get(id=in_flight.id).attempt_started_at.timestamp()
+    assert entry.retries == 1
+    assert due == pytest.approx(started + AUDIT_JOB.deadline.dead_after, abs=2)
     entry, due = stored[waiting.task_id]
     assert entry.retries == 2 and due == pytest.approx(waiting.next_attempt_at.timestamp(), abs=2)
     entry, due = stored[backing_off.task_id]
@@ -190,21 +200,21 @@ def test_after_a_failover_only_what_was_written_since_the_replica_s_mark_goes_ba
 
     assert result.redis_lost and result.republished == {"audits": 1}
     assert [m.id for m in queued(redis_client, "audits")] == [recent.task_id]
-    assert Audit.objects.get(id=old.id).requeued_at is None
+    assert not published_again(old)
 
 
 @pytest.mark.django_db
 def test_after_a_loss_one_tick_publishes_everything_owed_by_age_a_batch_a_tick(
     redis_client, monkeypatch
 ):
-    monkeypatch.setattr(reconcile, "BATCH", 2)
+    monkeypatch.setattr(lifecycle, "BATCH", 2)
     for n in range(5):
         accepted_without_a_message(f"https://example.org/{n}", age_seconds=900)
 
     # Redis forgot: the tick is not done until all five are out (its mark says so).
     assert reconciled_now(redis_lost=True).republished == {"audits": 5}
     redis_client.delete("audits")
-    Audit.objects.update(requeued_at=None)
+    Audit.objects.update(published_at=timezone.now() - timedelta(seconds=900))
     # Lost one by one, Redis intact: two a tick, each tick going on from the last.
     counts = [reconciled_now(overdue_after=600).republished.get("audits", 0) for _ in range(4)]
     assert counts == [2, 2, 1, 0]

@@ -1,0 +1,227 @@
+"""One job model: a kind of job declares its row's states once; the lifecycle follows.
+
+An app's job row inherits jobs.models.JobRow (task id, attempts, when its attempt began,
+when its wait is due, when its message was published) and declares a `Job`: which of
+its statuses mean queued, running, waiting and done, its task, queue and deadline
+budget. From that one declaration come:
+
+- claim: the attempt begins (running, one attempt counted, `attempt_started_at`);
+- wait: it waits (a retry, a deferral, a park, an outage), due at `next_attempt_at`,
+  giving back the attempt its claim counted when the wait spends none;
+- finish and fail: the outcome, recorded once (a second finisher changes nothing);
+- what is owed, and publishing it again (the one reconciler, jobs.reconcile), by one
+  rule for every kind:
+
+      queued    owed from when its message was published (`published_at`)
+      waiting   owed from when its wait is due (`next_attempt_at`)
+      running   owed once its attempt is dead: `attempt_started_at` + the deadline's
+                `dead_after` (its hard time limit and lease margin)
+
+  Redis kept its data: a row still owed RECONCILE_AFTER_SECONDS after that, and not
+  published again since, is published again at once. Redis lost data: every row whose
+  message or wait was written since the loss goes back at its own due time.
+
+A duplicate message is harmless: a claim of a finished row claims nothing, and a kind
+whose claim names its task (`claim_by_task`: a shared link's check) runs only under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from jobs.deadlines import Deadline
+
+# Rows a source publishes again in one tick by the age rule (each then carries its new
+# `published_at`, so the next tick goes on from there). After Redis lost data a tick
+# publishes everything owed, streamed in chunks of this size.
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which owed rows a reconciler's tick publishes again (jobs.reconcile).
+
+    redis_lost: Redis lost what was written after `lost_since` (None: all of it).
+      A source returns every row whose current message or wait was written since
+      then (a superset is harmless; its due time is at least when it was written).
+    otherwise: a source returns the rows still owed whose message should have run
+      before `overdue_before`, and not published again since.
+    """
+
+    now: datetime
+    redis_lost: bool
+    lost_since: datetime | None
+    overdue_before: datetime
+
+    @property
+    def limit(self) -> int | None:
+        """How many rows a source reads: all of them after a loss (the tick is not done
+        until everything owed is out), else a batch."""
+        return None if self.redis_lost else BATCH
+
+    def since(self, *fields: str) -> Q:
+        """Rows with any of `fields` at or after `lost_since` (all rows when it is None)."""
+        if self.lost_since is None:
+            return Q()
+        condition = Q(pk__in=[])
+        for name in fields:
+            condition |= Q(**{f"{name}__gte": self.lost_since})
+        return condition
+
+
+@dataclass(frozen=True)
+class Owed:
+    """One row to publish again, under its own task id, at its due time (None: now)."""
+
+    pk: object
+    task_id: str
+    attempts: int
+    due_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A kind of job, declared once by the app whose rows record it."""
+
+    name: str  # the reconciler's source, and plumb_jobs_republished_total{source}
+    model: type[models.Model]
+    task: str
+    queue: str
+    deadline: Deadline
+    queued: str
+    running: str
+    waiting: str
+    done: tuple[str, ...]
+    status_field: str = "status"
+    # Only the task its row names may claim it: a shared link's check, whose claim by
+    # an audit names the one task that records the link's outcome.
+    claim_by_task: bool = False
+
+    # --- the row's states -----------------------------------------------------------
+    def _status(self, *values: str) -> Q:
+        return Q(**{f"{self.status_field}__in": values})
+
+    @property
+    def owed_statuses(self) -> tuple[str, ...]:
+        return (self.queued, self.running, self.waiting)
+
+    def unfinished(self, pk) -> models.QuerySet:
+        return self.model.objects.filter(pk=pk).exclude(self._status(*self.done))
+
+    # --- claim, wait, finish, fail -------------------------------------------------------
+    def claim(
+        self, pk, *, task_id: str | None = None, attempt: int | None = None, **fields
+    ) -> bool:
+        """Begin an attempt: running, one more attempt counted; False if there is nothing to
+        claim (finished, gone, resting, or claimed under another task).
+
+        A `running` row can be claimed again: its message came back after a worker died
+        mid-attempt. `attempt`: the job's attempt number, given when it resumes after an
+        outage of PostgreSQL, whose cut-short run counted it already and could not give it
+        back: the row counts it once (at least `attempt`, never one more).
+        """
+        rows = self.model.objects.filter(self._status(*self.owed_statuses), pk=pk)
+        if self.claim_by_task:
+            rows = rows.filter(task_id=task_id)
+        counted = F("attempts") + 1 if attempt is None else Greatest(F("attempts"), attempt)
+        return bool(
+            rows.update(
+                **{self.status_field: self.running},
+                attempts=counted,
+                attempt_started_at=timezone.now(),
+                next_attempt_at=None,
+                **fields,
+            )
+        )
+
+    def wait(
+        self, pk, /, *, seconds: float, attempt_spent: bool, task_id: str | None = None, **fields
+    ) -> None:
+        """The job waits, due in `seconds`; a wait that spends no attempt gives back the
+        one its claim counted (a row parked before its claim was never counted)."""
+        rows = self.model.objects.filter(pk=pk)
+        if self.claim_by_task:
+            rows = rows.filter(task_id=task_id)
+        waiting = {
+            self.status_field: self.waiting,
+            "next_attempt_at": timezone.now() + timedelta(seconds=seconds),
+            **fields,
+        }
+        # Not yet running (parked before its claim): in this order, one row is written once.
+        rows.filter(self._status(self.queued, self.waiting)).update(**waiting)
+        running = rows.filter(self._status(self.running))
+        if attempt_spent:
+            running.update(**waiting)
+        else:
+            running.update(**waiting, attempts=Greatest(F("attempts") - 1, 0))
+
+    def finish(self, pk, final: str, /, *, task_id: str | None = None, **fields) -> bool:
+        """Record the outcome once; False if it was finished already (or is gone, or, for a
+        kind whose claim names its task, claimed under another task)."""
+        rows = self.unfinished(pk)
+        if self.claim_by_task:
+            rows = rows.filter(task_id=task_id)
+        return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
+
+    def requeue(self, pk, /, *, task_id: str, from_status: str, **fields) -> bool:
+        """Queue a finished job again under a new task id (a replay). Its message starts a
+        fresh budget of attempts; the row keeps counting every attempt it ever had."""
+        return bool(
+            self.model.objects.filter(self._status(from_status), pk=pk).update(
+                **{self.status_field: self.queued},
+                task_id=task_id,
+                attempt_started_at=None,
+                next_attempt_at=None,
+                published_at=timezone.now(),
+                **fields,
+            )
+        )
+
+    # --- what is owed --------------------------------------------------------------------
+    def owed(self, window: Window) -> Iterable[Owed]:
+        queued, waiting = self._status(self.queued), self._status(self.waiting)
+        running = self._status(self.running)
+        dead_after = timedelta(seconds=self.deadline.dead_after)
+        if window.redis_lost:
+            owed = (
+                self._status(*self.owed_statuses)
+                & window.since("published_at", "next_attempt_at", "attempt_started_at")
+            )  # fmt: skip
+        else:
+            published_before = Q(published_at__lt=window.overdue_before)
+            owed = published_before & (
+                queued
+                | waiting & Q(next_attempt_at__lt=window.overdue_before)
+                | running & Q(attempt_started_at__lt=window.overdue_before - dead_after)
+            )
+        rows = self.model.objects.filter(owed).order_by("published_at")
+        fields = ("pk", "task_id", "attempts", self.status_field, "next_attempt_at",
+                  "attempt_started_at")  # fmt: skip
+        for pk, task_id, attempts, status, next_attempt_at, started in rows.values_list(*fields)[
+            : window.limit
+        ].iterator(chunk_size=BATCH):
+            due_at = None
+            if status == self.waiting:
+                due_at = next_attempt_at
+            elif status == self.running and window.redis_lost and started is not None:
+                # Its attempt may still be alive (Redis lost only its message): the copy
+                # runs once that attempt is surely over, and finds it finished, or runs it.
+                due_at = started + dead_after
+            yield Owed(pk, task_id, attempts, due_at)
+
+    def published(self, pk) -> None:
+        """Its message was published again (jobs.reconcile): not owed again before
+        RECONCILE_AFTER_SECONDS from now."""
+        self.model.objects.filter(pk=pk).update(published_at=timezone.now())
+
+    @staticmethod
+    def message_arg(pk):
+        """A row's key as its task takes it: a UUID as its string, an integer as is."""
+        return pk if isinstance(pk, int) else str(pk)
