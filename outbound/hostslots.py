@@ -80,6 +80,16 @@ return {1, 0, now_ms}
 )
 
 
+# A call's slot outlives the call's whole deadline (outbound.bounded) by this much, so a
+# live call never loses its slot to clock skew, and a killed one frees it soon after.
+CALL_SLOT_SLACK_SECONDS = 5.0
+
+
+def call_lease(deadline_seconds: float) -> float:
+    """The lease of a slot held for one outbound call whose whole deadline is given."""
+    return deadline_seconds + CALL_SLOT_SLACK_SECONDS
+
+
 @dataclass(frozen=True)
 class SlotLimit:
     pool: str  # "pages", "links", "github", "webhooks": each pool keeps its own slots

@@ -43,7 +43,7 @@ from config.redis import redis_client
 from jobs.errors import Permanent, RateLimited, Transient
 from outbound.client import OutboundClient, build_client
 from outbound.guard import TargetNotAllowed
-from outbound.hostslots import SlotLimit
+from outbound.hostslots import SlotLimit, call_lease
 from outbound.statuses import classify_status, unwanted_answer
 from ratelimit.observations import (
     github_app_key,
@@ -112,7 +112,10 @@ def app_jwt(app_id: str, private_key: str, *, now: float | None = None) -> str:
 def serial_slots() -> SlotLimit:
     """One call at a time per credential: GitHub's advice against secondary limits."""
     return SlotLimit(
-        "github", concurrency=1, lease=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5, per_credential=True
+        "github",
+        concurrency=1,
+        lease=call_lease(settings.AUDIT_FETCH_TIMEOUT_SECONDS),
+        per_credential=True,
     )
 
 

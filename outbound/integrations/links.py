@@ -21,7 +21,7 @@ from django.conf import settings
 from jobs.errors import Permanent, Transient
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
-from outbound.hostslots import SlotLimit
+from outbound.hostslots import SlotLimit, call_lease
 from outbound.integrations.github import GitHubClient
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import Answer, classify_status, unwanted_answer
@@ -59,7 +59,7 @@ def link_check_slots() -> SlotLimit:
         "links",
         concurrency=settings.LINKCHECK_PER_HOST_CONCURRENCY,
         rate=settings.LINKCHECK_PER_HOST_RATE,
-        lease=settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5,
+        lease=call_lease(settings.AUDIT_FETCH_TIMEOUT_SECONDS),
     )
 
 

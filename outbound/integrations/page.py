@@ -19,7 +19,7 @@ from jobs.errors import Permanent, Transient
 from outbound.bounded import TRUNCATED
 from outbound.client import OutboundClient, shared_client
 from outbound.guard import TargetNotAllowed
-from outbound.hostslots import SlotLimit
+from outbound.hostslots import SlotLimit, call_lease
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import classify_status, unwanted_answer
 
@@ -29,7 +29,7 @@ def page_fetch_slots(timeout: float) -> SlotLimit:
         "pages",
         concurrency=settings.PAGE_FETCH_PER_HOST_CONCURRENCY,
         # Held for one fetch at most (every hop and the body are within the timeout).
-        lease=timeout + 5,
+        lease=call_lease(timeout),
         wait_inline=False,
         warmup_rate=settings.PAGE_FETCH_WARMUP_RATE or None,
     )

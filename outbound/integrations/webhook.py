@@ -80,7 +80,7 @@ def delivery_slots() -> hostslots.SlotLimit:
     return hostslots.SlotLimit(
         "webhooks",
         concurrency=settings.WEBHOOK_PER_HOST_CONCURRENCY,
-        lease=settings.WEBHOOK_TIMEOUT_SECONDS + 5,
+        lease=hostslots.call_lease(settings.WEBHOOK_TIMEOUT_SECONDS),
         wait_inline=False,
     )
 
