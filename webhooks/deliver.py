@@ -28,6 +28,7 @@ from audits.models import Audit
 from audits.summary import abridged_changes, abridged_result
 from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, RateLimited, Transient
+from outbound.hostslots import call_lease
 from outbound.integrations import webhook
 from webhooks.models import DELIVERY_JOB, Delivery
 
@@ -170,10 +171,12 @@ def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
     holds the lease, then yields None if the first recorded its outcome (the first
     owns what comes next: this copy is dropped), or the lease if the first died
     mid-attempt (the row still says `delivering`). The lease lapses on its own, so a
-    SIGKILLed holder frees it: it lasts the task's deadline lease (jobs.deadlines),
-    renewed just before the POST (`attempt_delivery`).
+    SIGKILLed holder frees it: it lasts one exchange's lease (the deadline's work, the
+    POST's whole deadline, plus the slack of every call's slot: hostslots.call_lease),
+    renewed just before the POST (`attempt_delivery`), so a redelivered copy waits
+    seconds for a dead holder, not the attempt's whole budget.
     """
-    ttl = DELIVERY_JOB.deadline.lease
+    ttl = call_lease(DELIVERY_JOB.deadline.work)
     lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
     waited = not lease.acquire(blocking=False)
     if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
