@@ -151,6 +151,12 @@ QUEUE_RETRYING = Metric(
     "Audits owed a worker slot, not yet due: retry backoff, breaker parks, rate-limit waits.",
 )
 QUEUE_RUNNING = Metric("plumb_queue_running", "gauge", "Audits a worker is running now.")
+QUEUE_DEFERRED_BEYOND_HORIZON = Metric(
+    "plumb_queue_deferred_beyond_horizon",
+    "gauge",
+    "Audit waits stored past the longest wait Plumb keeps (RATELIMIT_MAX_WAIT_SECONDS): "
+    "counted against no cap, ended rate limited by the waker.",
+)
 QUEUE_SCHEDULED = Metric(
     "plumb_queue_scheduled", "gauge", "Re-audits scheduled for later, not yet due."
 )
@@ -234,6 +240,7 @@ GAUGES = (
     QUEUE_WAITING,
     QUEUE_RETRYING,
     QUEUE_RUNNING,
+    QUEUE_DEFERRED_BEYOND_HORIZON,
     QUEUE_SCHEDULED,
     BREAKERS,
     QUEUE_MAX_DEPTH,

@@ -149,6 +149,7 @@ def test_gauges_are_read_when_scraped(redis_client):
     assert samples[("plumb_queue_retrying", ())] == 2
     assert samples[("plumb_queue_running", ())] == 1
     assert samples[("plumb_queue_backlog", ())] == 5
+    assert samples[("plumb_queue_deferred_beyond_horizon", ())] == 0
     assert samples[("plumb_breakers", (("state", "open"),))] == 0
 
 
