@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 from django.conf import settings
 
 from devstack.demo_site import DemoSite
+from tests.http_server import Answer, LocalServer, QuietHandler
+from tests.private_redis import PrivateRedis
 from tests.workers import WorkerProcess
 
 
@@ -20,6 +24,27 @@ def _no_slow_start(settings):
     # the slow start's 2 fetches a second to a host that has not answered is tuned for
     # the real ones. Its own tests turn it on (and start_worker's workers follow suit).
     settings.PAGE_FETCH_WARMUP_RATE = 0
+
+
+@pytest.fixture
+def http_server():
+    """Start test downstreams (tests/http_server.py) on 127.0.0.1, stopped when the test ends:
+    `http_server(Receiver())` starts any LocalServer and returns it;
+    `http_server(respond=fn)` starts one answering every request with `fn(request)`."""
+    started: list[LocalServer] = []
+
+    def start(
+        server: LocalServer | None = None,
+        *,
+        respond: Callable[[QuietHandler], Answer] | None = None,
+    ) -> LocalServer:
+        server = (server or LocalServer(respond=respond)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture
@@ -71,6 +96,28 @@ def start_worker(transactional_db, redis_client):
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def start_private_redis():
+    """Start redis-servers of the test's own (tests/private_redis.py), each on a free port,
+    stopped when the test ends: start_private_redis("--maxmemory-policy", "allkeys-lru")."""
+    started: list[PrivateRedis] = []
+
+    def start(*options: str) -> PrivateRedis:
+        server = PrivateRedis(*options)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.remove()
+
+
+@pytest.fixture
+def private_redis(start_private_redis) -> PrivateRedis:
+    """A redis-server of the test's own, with the default settings."""
+    return start_private_redis()
 
 
 APP_ID = "4242"

@@ -12,23 +12,18 @@ import time
 import pytest
 from django.conf import settings
 
-from audits import submission
 from audits.models import Audit
 from audits.tasks import run_audit
 from jobs import delayed
 from jobs.backlog import BacklogSnapshot
 from jobs.backlog import backlog_snapshot as queue_snapshot
 from jobs.breakers import FAILURE, Breaker
-from outbound.urls import normalize_url, origin_key
+from outbound.urls import origin_key
 from tests.fake_github import LinkedPage
+from tests.submitting import submit
 from tests.workers import reaudit_as_make_run, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def submit(url: str) -> Audit:
-    # transactional_db (through start_worker): the enqueue runs at once.
-    return submission.submit_audit(normalize_url(url))
 
 
 def backlog_snapshot() -> BacklogSnapshot:

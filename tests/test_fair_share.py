@@ -16,6 +16,7 @@ from audits import submission
 from audits.models import Audit
 from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
+from tests.submitting import post_audit
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -30,10 +31,6 @@ def from_address(live_server, address: str) -> httpx.Client:
     )
 
 
-def submit(http: httpx.Client, url: str) -> httpx.Response:
-    return http.post("/api/audits", json={"url": url})
-
-
 def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     live_server, site, start_worker, settings
 ):
@@ -43,7 +40,7 @@ def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     start_worker("audits", concurrency=2, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
-        statuses = [submit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(6)]
+        statuses = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(6)]
     assert [r.status_code for r in statuses] == [202, 202, 429, 429, 429, 429]
     refused = statuses[2]
     assert refused.json()["error"] == "client_backlog_full"
@@ -51,7 +48,7 @@ def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     assert 5 <= int(refused.headers["Retry-After"]) <= 15
     # The backlog is far from full: another client is admitted, and its audit runs.
     with from_address(live_server, "127.0.0.2") as other:
-        admitted = submit(other, f"{site.base_url}/")
+        admitted = post_audit(other, f"{site.base_url}/")
     assert admitted.status_code == 202, admitted.text
     wait_for(
         lambda: Audit.objects.get(id=admitted.json()["id"]).status == Audit.Status.SUCCEEDED,
@@ -71,7 +68,7 @@ def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_f
     start_worker("audits", concurrency=8, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
-        answers = [submit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(100)]
+        answers = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(100)]
     admitted = [a for a in answers if a.status_code == 202]
     refused = [a.json() for a in answers if a.status_code == 429]
     assert len(admitted) + len(refused) == 100
@@ -88,7 +85,7 @@ def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_f
     submitted: dict[str, float] = {}
     for n in range(2, 12):
         with from_address(live_server, f"127.0.0.{n}") as other:
-            response = submit(other, f"{site.base_url}/?client={n}")
+            response = post_audit(other, f"{site.base_url}/?client={n}")
         assert response.status_code == 202, response.text
         submitted[response.json()["id"]] = time.monotonic()
 

@@ -28,6 +28,7 @@ from ratelimit.observations import (
 )
 from tests.conftest import APP_ID, INSTALLATION_ID
 from tests.fake_github import LinkedPage
+from tests.submitting import submit
 from tests.workers import wait_for
 
 INSTALLATION = github_installation_key(INSTALLATION_ID)
@@ -39,17 +40,8 @@ def client() -> GitHubClient:
 
 
 @pytest.fixture
-def linked_page():
-    pages = []
-
-    def start(links, **options):
-        page = LinkedPage(links, **options).start()
-        pages.append(page)
-        return page
-
-    yield start
-    for page in pages:
-        page.stop()
+def linked_page(http_server):
+    return lambda links, **options: http_server(LinkedPage(links, **options))
 
 
 def rest_and_graphql(server, identity):
@@ -161,10 +153,6 @@ def test_concurrent_token_refreshes_mint_once(fake_github, redis_client):
 
 
 # --- Real workers ---------------------------------------------------------------------
-
-
-def submit(url: str) -> Audit:
-    return submission.submit_audit(normalize_url(url))
 
 
 def parked_entries(redis_client) -> list[tuple[delayed.Entry, float]]:

@@ -50,17 +50,8 @@ def open_breakers(task_name: str) -> list[str]:
 
 
 @pytest.fixture
-def receiver():
-    servers = []
-
-    def start(respond=lambda at, number: 200) -> Receiver:
-        server = Receiver(respond).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+def receiver(http_server):
+    return lambda respond=lambda at, number: 200: http_server(Receiver(respond))
 
 
 @pytest.mark.slow

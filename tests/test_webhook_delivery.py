@@ -29,17 +29,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def receiver():
-    servers = []
-
-    def start(respond=lambda at, number: 200, **options) -> Receiver:
-        server = Receiver(respond, **options).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+def receiver(http_server):
+    return lambda respond=lambda at, number: 200, **options: http_server(
+        Receiver(respond, **options)
+    )
 
 
 def test_a_finished_audit_is_delivered_and_verifies_with_standardwebhooks(

@@ -9,12 +9,12 @@ import uuid
 
 import pytest
 
-from audits import submission
 from audits.models import Audit, Page
 from audits.tasks import run_audit
 from jobs.models import DeadLetter
 from outbound.urls import normalize_url
 from tests.reconciling import reconciled_now
+from tests.submitting import submit
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
@@ -22,11 +22,6 @@ pytestmark = pytest.mark.slow
 
 # Short enough for a test, long enough that a live worker is never redelivered to.
 FAST_REDELIVERY = {"AUDITS_VISIBILITY_TIMEOUT_SECONDS": "5"}
-
-
-def submit(url: str) -> Audit:
-    # transactional_db: no surrounding transaction, so the enqueue runs at once.
-    return submission.submit_audit(normalize_url(url))
 
 
 def status_of(audit: Audit) -> str:

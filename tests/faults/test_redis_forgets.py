@@ -8,19 +8,13 @@ starts a fresh, empty one on the same port.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from audits import submission
 from audits.models import Audit, Page
-from config import devservices
-from config.celery_app import app
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from reaudit.models import FanOut, Placement
@@ -36,37 +30,6 @@ pytestmark = pytest.mark.slow
 
 # A tick every half second, so a test sees recovery in seconds (the default is 15 s).
 RECONCILING_FAST = {"RECONCILE_INTERVAL_SECONDS": "0.5"}
-
-
-class PrivateRedis:
-    def __init__(self):
-        self.port = devservices.free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-forgets-"))
-        self.process = devservices.start_redis(self.port, self.data_dir)
-
-    def restart_empty(self, *, down_seconds: float = 3.0) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        time.sleep(down_seconds)  # the outage itself: what the test is about
-        self.process = devservices.start_redis(self.port, self.data_dir)
-
-    def publish(self, task: str, args: list, *, task_id: str, queue: str) -> None:
-        """Publish as the web process would, to this Redis."""
-        with app.connection_for_write(self.url) as connection:
-            app.send_task(task, args=args, task_id=task_id, queue=queue, connection=connection)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def private_redis():
-    server = PrivateRedis()
-    yield server
-    server.stop()
 
 
 def fresh_workers_beside(*starts):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from audits.models import Audit
 from config import devservices
 from jobs.models import ReconcileMark
+from tests.submitting import post_audit
 from tests.workers import ROOT, database_url_for_workers, wait_for
 
 pytestmark = pytest.mark.slow
@@ -42,20 +41,19 @@ class WebProcess:
             return False
 
     def submit(self, url: str) -> httpx.Response:
-        return httpx.post(f"{self.url}/api/audits", json={"url": url}, timeout=10)
+        return post_audit(self.url, url)
 
     def stop(self):
         self.process.terminate()
         self.process.wait(timeout=15)
 
 
-def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transactional_db):
-    port = devservices.free_port()
-    data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-restart-"))
-    redis_url = f"redis://127.0.0.1:{port}/0"
+def test_a_redis_restart_loses_no_accepted_audit(
+    site, start_worker, transactional_db, private_redis
+):
+    redis_url = private_redis.url
     env = {**os.environ, "DEBUG": "true", "REDIS_URL": redis_url, "DATABASE_URL": database_url_for_workers(),
            "AUDIT_ALLOW_PRIVATE_TARGETS": "true"}  # fmt: skip
-    redis = devservices.start_redis(port, data_dir)
     web = WebProcess(env)
     try:
         start_worker("audits", env={"REDIS_URL": redis_url, "RECONCILE_INTERVAL_SECONDS": "0.5"})
@@ -65,15 +63,14 @@ def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transaction
         # Queued behind it (one process, prefetch 1): these messages live only in Redis.
         queued = [web.submit(f"{site.base_url}/noindex?n={n}").json() for n in range(2)]
 
-        redis.terminate()
-        redis.wait(timeout=10)
+        private_redis.stop()
         refused = web.submit(f"{site.base_url}/noindex?during=outage")
         assert refused.status_code == 503
         assert refused.json()["error"] == "admission_unavailable"
         assert "Retry-After" in refused.headers
         assert Audit.objects.count() == 3  # the refused submission wrote nothing
 
-        redis = devservices.start_redis(port, data_dir)  # back, and empty
+        private_redis.start()  # back, and empty
         wait_for(lambda: Audit.objects.get(id=running["id"]).status == "succeeded", timeout=30,
                  message="the running audit to finish")  # fmt: skip
 
@@ -90,5 +87,3 @@ def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transaction
         assert all(a.attempts >= 1 for a in Audit.objects.all())
     finally:
         web.stop()
-        redis.terminate()
-        redis.wait(timeout=10)
