@@ -100,6 +100,8 @@ def test_work_scheduled_hours_ahead_on_the_reaudit_queue_is_not_counted(start_wo
         timeout=20,
         message="the reaudit worker to hold the placement",
     )
+    # Run at once instead of at its ETA, or handed back to a list, it would show within
+    # the worker's receipt of it (no timer between): half a second after is past that.
     time.sleep(0.5)
     assert backlog_snapshot() == BacklogSnapshot(waiting=0, retrying=0, running=0)
 

@@ -185,6 +185,9 @@ def test_a_60s_retry_after_causes_no_inline_retry_and_a_queue_retry_60s_later_wi
     assert len({due for _, due in entries}) == 3  # jittered, not in lockstep
     checks = LinkCheck.objects.filter(audit=audit)
     assert {check.status for check in checks} == {LinkCheck.Status.RATE_LIMITED_PENDING}
+    # Another request would be an inline retry (at once: the checks above are parked, so
+    # their attempts are over) or a parked check woken early (by the delayed store's
+    # 0.25 s poll): a second covers both; the 60 s wake itself is the next test's.
     time.sleep(1)
     assert len(fake_github.requests(identity=fake_github.installation)) == 1
 

@@ -96,7 +96,9 @@ def test_retries_stop_at_the_attempt_limit(receiver, start_worker):
     start_webhooks_worker(start_worker, WEBHOOK_MAX_ATTEMPTS=3, **FAST_RETRIES)
     row = schedule(hook.url)
     wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
-    time.sleep(1.5)  # several backoff periods: no fourth attempt comes
+    # A fourth attempt would come within 0.9 s (FAST_RETRIES caps the backoff at 0.5 s,
+    # x1.25 jitter, then the delayed store's 0.25 s poll): 1.5 s is past it.
+    time.sleep(1.5)
     assert hook.count() == 3
     failed = delivery(row)
     assert failed.attempts == 3 and failed.last_status_code == 503
@@ -108,6 +110,8 @@ def test_a_4xx_fails_the_delivery_at_once(receiver, start_worker):
     start_webhooks_worker(start_worker, **FAST_RETRIES)
     row = schedule(hook.url)
     wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
+    # A retry would come within 0.4 s (FAST_RETRIES' 0.1 s backoff x1.25, then the delayed
+    # store's 0.25 s poll): a second is past it.
     time.sleep(1.0)
     assert hook.count() == 1
     assert delivery(row).attempts == 1 and delivery(row).last_status_code == 410

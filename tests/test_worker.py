@@ -67,6 +67,8 @@ def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site,
     assert done["status"] == "failed"
     assert done["attempts"] == 2
     assert "gave up after 2 attempt(s)" in done["error"]
+    # A third attempt would follow the second's failure within 0.5 s (a 0.2 s backoff at
+    # most x1.25 jitter, then the delayed store's 0.25 s poll): a second is past it.
     time.sleep(1)
     assert site.flaky_counts["never"] == 2
 

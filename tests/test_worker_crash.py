@@ -96,6 +96,9 @@ def test_an_audit_killed_by_its_hard_time_limit_is_dead_lettered_not_run_again(s
     assert scrape()[("plumb_task_dead_letters_total", (("task", "audits.run_audit"),))] == 1
     # Finished, so the reconciler leaves it alone however old it gets.
     assert reconciled_now().republished == {}
+    # Run again, it would be at once: requeued as its pool process died, or retried through
+    # the delayed store (0.25 s poll). A second is past both; the reconciler's path is
+    # checked just above, and the visibility timeout's (minutes) is beyond any test.
     time.sleep(1)
     assert site.hits["/slow"] == 1, worker.output()
 

@@ -8,44 +8,15 @@ died with Redis are published again by the reconciler (jobs.reconcile).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
-import httpx
 import pytest
 
 from audits.models import Audit
-from config import devservices
 from jobs.models import ReconcileMark
-from tests.submitting import post_audit
-from tests.workers import ROOT, database_url_for_workers, wait_for
+from tests.faults.outages import WebProcess
+from tests.workers import database_url_for_workers, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-class WebProcess:
-    def __init__(self, env: dict):
-        self.port = devservices.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-             f"127.0.0.1:{self.port}", "--workers", "1", "--no-control-socket"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for(self._answers, timeout=30, message="gunicorn to answer")
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/api/schema", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def submit(self, url: str) -> httpx.Response:
-        return post_audit(self.url, url)
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(timeout=15)
 
 
 def test_a_redis_restart_loses_no_accepted_audit(
