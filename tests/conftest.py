@@ -95,7 +95,7 @@ def start_worker(transactional_db, redis_client):
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.end()  # at once: the test is over (WorkerProcess.end)
 
 
 @pytest.fixture
