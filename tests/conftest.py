@@ -72,11 +72,7 @@ def redis_client(_empty_redis):
     client.close()
 
 
-@pytest.fixture
-def start_worker(transactional_db, redis_client):
-    """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
-    started: list[WorkerProcess] = []
-
+def _worker_starter(started: list[WorkerProcess], **defaults):
     def start(
         queue: str,
         *,
@@ -86,16 +82,40 @@ def start_worker(transactional_db, redis_client):
         options: list[str] | None = None,
     ) -> WorkerProcess:
         # As in the test process (_no_slow_start): tests that want the slow start say so.
-        env = {"PAGE_FETCH_WARMUP_RATE": "0", **(env or {})}
+        env = {"PAGE_FETCH_WARMUP_RATE": "0", **defaults, **(env or {})}
         worker = WorkerProcess(
             queue, concurrency=concurrency, pool=pool, env=env, options=options
         ).start()
         started.append(worker)
         return worker
 
-    yield start
+    return start
+
+
+@pytest.fixture
+def start_worker(transactional_db, redis_client):
+    """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
+    started: list[WorkerProcess] = []
+    yield _worker_starter(started)
     for worker in started:
         worker.end()  # at once: the test is over (WorkerProcess.end)
+
+
+@pytest.fixture(scope="module")
+def start_module_worker(django_db_setup):
+    """start_worker for a whole module: a worker started once and shared by its tests, for
+    a module whose tests use the same kind of worker and none kills or reconfigures it
+    (a start costs 3-4 s). A test using one asks for `transactional_db` itself; the
+    per-test Redis flush and table truncation happen under the running worker, which
+    consumes the next test's messages as it did the first's.
+
+    Its reconciler ticks once, at the start: a tick after a flush finds its mark gone and
+    publishes again everything owed (Redis "came back empty"), which a test counting
+    attempts or requests would see. Reconciling is the fault tests' subject, not these."""
+    started: list[WorkerProcess] = []
+    yield _worker_starter(started, RECONCILE_INTERVAL_SECONDS=str(24 * 3600))
+    for worker in started:
+        worker.end()
 
 
 @pytest.fixture
