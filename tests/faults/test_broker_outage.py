@@ -124,31 +124,28 @@ def test_a_reaudit_worker_outlives_a_redis_restart(start_worker, private_redis):
     assert worker.process.poll() is None
 
 
-def test_a_webhooks_worker_outlives_a_redis_restart(start_worker, private_redis):
-    receiver = Receiver().start()
-    try:
-        worker = start_worker(
-            "webhooks", concurrency=None, pool="threads", env={"REDIS_URL": private_redis.url}
-        )
-        hold_messages("webhooks", "webhooks.deliver", [str(uuid.uuid4())], private_redis)
+def test_a_webhooks_worker_outlives_a_redis_restart(start_worker, private_redis, http_server):
+    receiver = http_server(Receiver())
+    worker = start_worker(
+        "webhooks", concurrency=None, pool="threads", env={"REDIS_URL": private_redis.url}
+    )
+    hold_messages("webhooks", "webhooks.deliver", [str(uuid.uuid4())], private_redis)
 
-        survive_outage(worker, private_redis)
+    survive_outage(worker, private_redis)
 
-        audit = finished_audit_with_callback(receiver.url)
-        row = Delivery.objects.create(
-            audit=audit, event="audit.finished", url=receiver.url, task_id=str(uuid.uuid4())
-        )
-        entry = delayed.Entry("webhooks.deliver", "webhooks", row.task_id, [str(row.id)])
-        wake_through_delayed_store(entry, private_redis)
-        wait_for(
-            lambda: receiver.count(200) == 1,
-            timeout=60,
-            message="a delivery woken after the restart",
-            show=[worker],
-        )
-        assert worker.process.poll() is None
-    finally:
-        receiver.stop()
+    audit = finished_audit_with_callback(receiver.url)
+    row = Delivery.objects.create(
+        audit=audit, event="audit.finished", url=receiver.url, task_id=str(uuid.uuid4())
+    )
+    entry = delayed.Entry("webhooks.deliver", "webhooks", row.task_id, [str(row.id)])
+    wake_through_delayed_store(entry, private_redis)
+    wait_for(
+        lambda: receiver.count(200) == 1,
+        timeout=60,
+        message="a delivery woken after the restart",
+        show=[worker],
+    )
+    assert worker.process.poll() is None
 
 
 @pytest.mark.parametrize("queue", ["audits", "reaudit", "webhooks"])
