@@ -7,7 +7,7 @@ import redis
 from django.conf import settings
 
 from devstack.demo_site import DemoSite
-from tests.http_server import Answer, LocalServer, QuietHandler
+from tests.http_server import Answer, LocalServer, QuietHandler, Scripted
 from tests.private_redis import PrivateRedis
 from tests.workers import WorkerProcess
 
@@ -45,6 +45,13 @@ def http_server():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def scripted(redis_client, http_server):
+    """scripted((429, {"Retry-After": "1"}, None), (200, {}, None)): a started Scripted
+    server (tests/http_server.py) answering those in turn."""
+    return lambda *script: http_server(Scripted(list(script)))
 
 
 @pytest.fixture

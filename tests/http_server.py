@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,3 +92,18 @@ class LocalServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+class Scripted(LocalServer):
+    """Answers each request with the next (status, headers, JSON body) of its script, the
+    last one again once the script is spent; counts the requests."""
+
+    def __init__(self, script: list[tuple[int, dict, dict | None]]):
+        super().__init__()
+        self.script = list(script)
+        self.requests = 0
+
+    def respond(self, request):
+        self.requests += 1
+        status, headers, body = self.script[min(self.requests, len(self.script)) - 1]
+        return status, headers, json.dumps(body or {}).encode()

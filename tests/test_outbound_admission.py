@@ -27,30 +27,10 @@ from ratelimit.observations import (
     remember,
 )
 from ratelimit.responses import classify
-from tests.http_server import LocalServer
 
 pytestmark = pytest.mark.django_db
 
 INSTALLATION = github_installation_key(77)
-
-
-class Scripted(LocalServer):
-    """Answers each request with the next (status, headers, body) of its script."""
-
-    def __init__(self, script: list[tuple[int, dict, dict | None]]):
-        super().__init__()
-        self.script = list(script)
-        self.requests = 0
-
-    def respond(self, request):
-        self.requests += 1
-        status, headers, body = self.script[min(self.requests, len(self.script)) - 1]
-        return status, headers, json.dumps(body or {}).encode()
-
-
-@pytest.fixture
-def scripted(redis_client, http_server):
-    return lambda *script: http_server(Scripted(list(script)))
 
 
 def response(status=200, headers=None, body=None) -> httpx.Response:
