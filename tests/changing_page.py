@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.http_server import LocalServer, QuietHandler
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'",
@@ -22,12 +22,8 @@ class PageState:
     links: list[str] = field(default_factory=list)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: ChangingPage
-
-    def log_message(self, format, *args):
-        pass
 
     def do_GET(self):
         state = self.server.state
@@ -46,21 +42,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class ChangingPage(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ChangingPage(LocalServer):
     def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.state = PageState()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/"
-
-    def start(self) -> ChangingPage:
-        threading.Thread(target=self.serve_forever, name="changing-page", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return f"{self.base_url}/"

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 from django.conf import settings
 
 from devstack.demo_site import DemoSite
+from tests.http_server import Answer, LocalServer, QuietHandler, Scripted
+from tests.private_redis import PrivateRedis
 from tests.workers import WorkerProcess
 
 
@@ -20,6 +24,34 @@ def _no_slow_start(settings):
     # the slow start's 2 fetches a second to a host that has not answered is tuned for
     # the real ones. Its own tests turn it on (and start_worker's workers follow suit).
     settings.PAGE_FETCH_WARMUP_RATE = 0
+
+
+@pytest.fixture
+def http_server():
+    """Start test downstreams (tests/http_server.py) on 127.0.0.1, stopped when the test ends:
+    `http_server(Receiver())` starts any LocalServer and returns it;
+    `http_server(respond=fn)` starts one answering every request with `fn(request)`."""
+    started: list[LocalServer] = []
+
+    def start(
+        server: LocalServer | None = None,
+        *,
+        respond: Callable[[QuietHandler], Answer] | None = None,
+    ) -> LocalServer:
+        server = (server or LocalServer(respond=respond)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def scripted(redis_client, http_server):
+    """scripted((429, {"Retry-After": "1"}, None), (200, {}, None)): a started Scripted
+    server (tests/http_server.py) answering those in turn."""
+    return lambda *script: http_server(Scripted(list(script)))
 
 
 @pytest.fixture
@@ -47,11 +79,7 @@ def redis_client(_empty_redis):
     client.close()
 
 
-@pytest.fixture
-def start_worker(transactional_db, redis_client):
-    """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
-    started: list[WorkerProcess] = []
-
+def _worker_starter(started: list[WorkerProcess], **defaults):
     def start(
         queue: str,
         *,
@@ -61,16 +89,62 @@ def start_worker(transactional_db, redis_client):
         options: list[str] | None = None,
     ) -> WorkerProcess:
         # As in the test process (_no_slow_start): tests that want the slow start say so.
-        env = {"PAGE_FETCH_WARMUP_RATE": "0", **(env or {})}
+        env = {"PAGE_FETCH_WARMUP_RATE": "0", **defaults, **(env or {})}
         worker = WorkerProcess(
             queue, concurrency=concurrency, pool=pool, env=env, options=options
         ).start()
         started.append(worker)
         return worker
 
-    yield start
+    return start
+
+
+@pytest.fixture
+def start_worker(transactional_db, redis_client):
+    """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
+    started: list[WorkerProcess] = []
+    yield _worker_starter(started)
     for worker in started:
-        worker.stop()
+        worker.end()  # at once: the test is over (WorkerProcess.end)
+
+
+@pytest.fixture(scope="module")
+def start_module_worker(django_db_setup):
+    """start_worker for a whole module: a worker started once and shared by its tests, for
+    a module whose tests use the same kind of worker and none kills or reconfigures it
+    (a start costs 3-4 s). A test using one asks for `transactional_db` itself; the
+    per-test Redis flush and table truncation happen under the running worker, which
+    consumes the next test's messages as it did the first's.
+
+    Its reconciler ticks once, at the start: a tick after a flush finds its mark gone and
+    publishes again everything owed (Redis "came back empty"), which a test counting
+    attempts or requests would see. Reconciling is the fault tests' subject, not these."""
+    started: list[WorkerProcess] = []
+    yield _worker_starter(started, RECONCILE_INTERVAL_SECONDS=str(24 * 3600))
+    for worker in started:
+        worker.end()
+
+
+@pytest.fixture
+def start_private_redis():
+    """Start redis-servers of the test's own (tests/private_redis.py), each on a free port,
+    stopped when the test ends: start_private_redis("--maxmemory-policy", "allkeys-lru")."""
+    started: list[PrivateRedis] = []
+
+    def start(*options: str) -> PrivateRedis:
+        server = PrivateRedis(*options)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.remove()
+
+
+@pytest.fixture
+def private_redis(start_private_redis) -> PrivateRedis:
+    """A redis-server of the test's own, with the default settings."""
+    return start_private_redis()
 
 
 APP_ID = "4242"

@@ -28,12 +28,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.http_server import LocalServer, QuietHandler
 
 
 def new_app_key() -> tuple[str, str]:
@@ -101,12 +102,7 @@ REPO_BY_ID_PATH = re.compile(r"^/repositories/([0-9]+)$")
 MINT_PATH = re.compile(r"^/app/installations/([^/]+)/access_tokens$")
 
 
-class FakeGitHubHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):
-        pass
-
+class FakeGitHubHandler(QuietHandler):
     @property
     def state(self) -> FakeGitHubState:
         return self.server.state
@@ -299,25 +295,10 @@ class FakeGitHubHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class FakeGitHub(ThreadingHTTPServer):
-    daemon_threads = True
-
+class FakeGitHub(LocalServer):
     def __init__(self, **state):
-        super().__init__(("127.0.0.1", 0), FakeGitHubHandler)
+        super().__init__(FakeGitHubHandler)
         self.state = FakeGitHubState(**state)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> FakeGitHub:
-        threading.Thread(target=self.serve_forever, name="fake-github", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
     # --- what tests set and read ------------------------------------------------
     @property
@@ -355,12 +336,7 @@ class FakeGitHub(ThreadingHTTPServer):
             ]
 
 
-class LinkedPageHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):
-        pass
-
+class LinkedPageHandler(QuietHandler):
     def do_GET(self):
         server: LinkedPage = self.server
         path = urlsplit(self.path).path
@@ -391,16 +367,14 @@ class LinkedPageHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class LinkedPage(ThreadingHTTPServer):
+class LinkedPage(LocalServer):
     """`/` links to `links`; every other path is a link target that records its arrivals
     (and, with `redirect_to`, redirects to the same path there)."""
-
-    daemon_threads = True
 
     def __init__(
         self, links: list[str] | None = None, *, delay: float = 0.0, redirect_to: str = ""
     ):
-        super().__init__(("127.0.0.1", 0), LinkedPageHandler)
+        super().__init__(LinkedPageHandler)
         self.links = list(links or [])
         self.delay = delay
         self.redirect_to = redirect_to
@@ -408,16 +382,3 @@ class LinkedPage(ThreadingHTTPServer):
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[float] = []
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> LinkedPage:
-        threading.Thread(target=self.serve_forever, name="linked-page", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()

@@ -27,9 +27,10 @@ import threading
 import time
 import zlib
 from functools import cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tests.http_server import LocalServer, QuietHandler
 
 # The bomb: a GiB of zeros gzipped twice is 1,827 bytes on the wire.
 BOMB_BYTES = 1024**3
@@ -73,12 +74,8 @@ def bomb(codings: tuple[str, ...]) -> bytes:
     return body
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: HostileServer
-
-    def log_message(self, format, *args):
-        pass
 
     def do_GET(self):
         url = urlsplit(self.path)
@@ -125,11 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-class HostileServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class HostileServer(LocalServer):
     def __init__(self, *, trickle_interval: float = 0.5, trickle_seconds: float = 120.0):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.trickle_interval = trickle_interval
         self.trickle_seconds = trickle_seconds
         self.lock = threading.Lock()
@@ -155,21 +150,6 @@ class HostileServer(ThreadingHTTPServer):
                     server.finished += 1
 
         return _Tracking()
-
-    def handle_error(self, request, client_address):
-        pass
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def start(self) -> HostileServer:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 class SilentResolver:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+from tests.http_server import LocalServer, QuietHandler
 
 CHUNK = 64 * 1024
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: HostilePages
-
-    def log_message(self, format, *args):
-        pass
 
     def do_GET(self):
         page = self.server.pages.get(urlsplit(self.path).path)
@@ -37,30 +33,12 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the auditor stopped reading at its byte cap
 
 
-class HostilePages(ThreadingHTTPServer):
+class HostilePages(LocalServer):
     """`pages[path] = (body, size or None, content type)`; any other path is a small page."""
 
-    daemon_threads = True
-
     def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.pages: dict[str, tuple[bytes, int | None, str]] = {}
-
-    def handle_error(self, request, client_address):
-        pass
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> HostilePages:
-        threading.Thread(target=self.serve_forever, name="hostile-pages", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 def link_stuffed_page(host: str, *, links: int, length: int = 0) -> bytes:

@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.http_server import LocalServer, QuietHandler
 
 
 @dataclass
@@ -31,12 +32,8 @@ class ReceivedRequest:
 Response = int | tuple[int, dict[str, str]] | tuple[int, dict[str, str], bytes]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: Receiver
-
-    def log_message(self, format, *args):
-        pass
 
     def do_POST(self):
         server = self.server
@@ -71,8 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
                 server.in_flight -= 1
 
 
-class Receiver(ThreadingHTTPServer):
-    daemon_threads = True
+class Receiver(LocalServer):
     # A burst with no concurrency cap opens hundreds of connections at once.
     request_queue_size = 2048
 
@@ -83,7 +79,7 @@ class Receiver(ThreadingHTTPServer):
         hold_seconds: float = 0.0,
         port: int = 0,
     ):
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(_Handler, port=port)
         self.respond = respond
         self.hold_seconds = hold_seconds
         self.lock = threading.Lock()
@@ -92,21 +88,13 @@ class Receiver(ThreadingHTTPServer):
         self.peak_in_flight = 0
         self.started = time.monotonic()
 
-    def handle_error(self, request, client_address):
-        pass  # a client that hung up is not the receiver's problem
-
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+        return f"{self.base_url}/hook"
 
     def start(self) -> Receiver:
         self.started = time.monotonic()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return super().start()
 
     def count(self, status: int | None = None) -> int:
         with self.lock:

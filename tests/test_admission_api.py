@@ -15,6 +15,7 @@ from audits.admission import admission_counts
 from audits.models import Audit, LinkCheck, Page
 from reaudit.services import fan_out, fire_placement
 from reaudit.tasks import NIGHT_TASKS
+from tests.submitting import post_audit
 
 pytestmark = pytest.mark.django_db
 
@@ -29,15 +30,9 @@ def api():
     return APIClient()
 
 
-def post(api, url: str = "https://example.org/", **extra):
-    return api.post(
-        "/api/audits", data=json.dumps({"url": url}), content_type="application/json", **extra
-    )
-
-
 def submit_and_enqueue(api, django_capture_on_commit_callbacks, url: str, **extra):
     with django_capture_on_commit_callbacks(execute=True):
-        response = post(api, url, **extra)
+        response = post_audit(api, url, **extra)
     assert response.status_code == 202, response.content
     return response
 
@@ -45,9 +40,9 @@ def submit_and_enqueue(api, django_capture_on_commit_callbacks, url: str, **extr
 def test_an_empty_bucket_answers_429_with_retry_after_and_writes_nothing(api, settings):
     settings.AUDIT_SUBMIT_BURST = 2
     settings.AUDIT_SUBMIT_RATE_PER_MINUTE = 2
-    assert [post(api, f"https://example.org/{n}").status_code for n in range(2)] == [202, 202]
+    assert [post_audit(api, f"https://example.org/{n}").status_code for n in range(2)] == [202, 202]
 
-    response = post(api, "https://example.org/refused")
+    response = post_audit(api, "https://example.org/refused")
     assert response.status_code == 429
     assert response.json()["error"] == "throttled"
     # 2 per minute: the next token is 30 s away.
@@ -67,7 +62,7 @@ def test_a_full_backlog_answers_503_with_retry_after_and_writes_nothing(
             REMOTE_ADDR=address,
         )  # fmt: skip
 
-    response = post(api, "https://example.org/refused", REMOTE_ADDR="192.0.2.3")
+    response = post_audit(api, "https://example.org/refused", REMOTE_ADDR="192.0.2.3")
     assert response.status_code == 503
     body = response.json()
     assert (body["error"], body["backlog"], body["max_depth"]) == ("backlog_full", 2, 2)
@@ -84,7 +79,7 @@ def test_a_client_beyond_its_share_answers_429_while_another_client_is_admitted(
     for n in range(2):
         submit_and_enqueue(api, django_capture_on_commit_callbacks, f"https://example.org/{n}")
 
-    response = post(api, "https://example.org/refused")
+    response = post_audit(api, "https://example.org/refused")
     assert response.status_code == 429
     body = response.json()
     assert (body["error"], body["held"], body["share"]) == ("client_backlog_full", 2, 2)
@@ -92,16 +87,16 @@ def test_a_client_beyond_its_share_answers_429_while_another_client_is_admitted(
     assert not Page.objects.filter(url="https://example.org/refused").exists()
     assert admission_counts()["refused_client"] == 1
     # Another address is admitted; an IPv6 client is one client per /64.
-    assert post(api, "https://example.org/other", REMOTE_ADDR="192.0.2.9").status_code == 202
+    assert post_audit(api, "https://example.org/other", REMOTE_ADDR="192.0.2.9").status_code == 202
     for n, address in enumerate(["2001:db8::1", "2001:db8::2"]):
         submit_and_enqueue(
             api, django_capture_on_commit_callbacks, f"https://example.org/v6/{n}",
             REMOTE_ADDR=address,
         )  # fmt: skip
-    assert post(api, "https://example.org/v6/3", REMOTE_ADDR="2001:db8::3").status_code == 429
+    assert post_audit(api, "https://example.org/v6/3", REMOTE_ADDR="2001:db8::3").status_code == 429
     # Once the client's audits finish, it holds nothing and is admitted again.
     Audit.objects.filter(client="ip:127.0.0.1").update(status=Audit.Status.SUCCEEDED)
-    assert post(api, "https://example.org/again").status_code == 202
+    assert post_audit(api, "https://example.org/again").status_code == 202
 
 
 def test_a_client_is_its_user_when_authenticated_whatever_its_address(
@@ -111,11 +106,11 @@ def test_a_client_is_its_user_when_authenticated_whatever_its_address(
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # one audit a client
     staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
     api.force_authenticate(staff)
-    assert post(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1").status_code == 202
+    assert post_audit(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1").status_code == 202
     assert Audit.objects.get().client == f"user:{staff.pk}"
-    assert post(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2").status_code == 429
+    assert post_audit(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2").status_code == 429
     api.force_authenticate(None)
-    assert post(api, "https://example.org/3", REMOTE_ADDR="192.0.2.2").status_code == 202
+    assert post_audit(api, "https://example.org/3", REMOTE_ADDR="192.0.2.2").status_code == 202
 
 
 def test_a_token_counts_as_its_user_from_any_address(api, settings, django_user_model):
@@ -123,12 +118,15 @@ def test_a_token_counts_as_its_user_from_any_address(api, settings, django_user_
     settings.AUDIT_QUEUE_MAX_DEPTH = 10
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # one audit a client
     token = {"HTTP_AUTHORIZATION": "Bearer secret-token"}
-    response = post(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1", **token)
+    response = post_audit(api, "https://example.org/1", REMOTE_ADDR="192.0.2.1", **token)
     assert response.status_code == 202, response.content
     ci = django_user_model.objects.get(username="ci")
     assert Audit.objects.get().client == f"user:{ci.pk}"
     # The same token from another address is the same client, past its share.
-    assert post(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2", **token).status_code == 429
+    assert (
+        post_audit(api, "https://example.org/2", REMOTE_ADDR="192.0.2.2", **token).status_code
+        == 429
+    )
 
 
 def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, settings):
@@ -143,8 +141,8 @@ def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, sett
         + [LinkCheck(audit=audit, url="https://example.net/done", status=LinkCheck.Status.OK)]
     )
     assert admission.client_holding("ip:127.0.0.1") == 4
-    assert post(api, "https://example.org/a").status_code == 202  # 4 + this one = 5
-    response = post(api, "https://example.org/b")
+    assert post_audit(api, "https://example.org/a").status_code == 202  # 4 + this one = 5
+    response = post_audit(api, "https://example.org/b")
     assert response.status_code == 429 and response.json()["held"] == 5
 
 
@@ -155,7 +153,7 @@ def test_nightly_re_audits_count_against_no_client(api, settings):
     Page.objects.filter(id=page.id).update(reaudit_nightly=True)
     assert fire_placement(page.id, timezone.now().date()).client == ""
     assert admission.client_holding("") == 0
-    assert post(api, "https://example.org/mine").status_code == 202
+    assert post_audit(api, "https://example.org/mine").status_code == 202
 
 
 def test_an_invalid_submission_is_not_counted_as_a_decision(api):
@@ -166,22 +164,33 @@ def test_an_invalid_submission_is_not_counted_as_a_decision(api):
 
 def test_with_no_trusted_proxy_x_forwarded_for_does_not_pick_the_bucket(api, settings):
     settings.AUDIT_SUBMIT_BURST = 1
-    assert post(api, HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
-    assert post(api, HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 429
+    assert (
+        post_audit(api, "https://example.org/", HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
+    )
+    assert (
+        post_audit(api, "https://example.org/", HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 429
+    )
 
 
 def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(api, settings):
     settings.AUDIT_SUBMIT_BURST = 1
     settings.TRUSTED_PROXY_COUNT = 1
-    assert post(api, HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
-    assert post(api, HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 202
+    assert (
+        post_audit(api, "https://example.org/", HTTP_X_FORWARDED_FOR="1.1.1.1").status_code == 202
+    )
+    assert (
+        post_audit(api, "https://example.org/", HTTP_X_FORWARDED_FOR="2.2.2.2").status_code == 202
+    )
     # A client's own X-Forwarded-For entry left of the proxy's does not help it.
-    assert post(api, HTTP_X_FORWARDED_FOR="9.9.9.9, 1.1.1.1").status_code == 429
+    assert (
+        post_audit(api, "https://example.org/", HTTP_X_FORWARDED_FOR="9.9.9.9, 1.1.1.1").status_code
+        == 429
+    )
 
 
 def test_when_redis_is_down_a_submission_answers_503_and_writes_nothing(api, settings):
     settings.REDIS_URL = "redis://127.0.0.1:9/0"
-    response = post(api)
+    response = post_audit(api, "https://example.org/")
     assert response.status_code == 503
     body = response.json()
     assert body["error"] == "admission_unavailable"

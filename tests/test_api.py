@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from rest_framework.test import APIClient
 
 from audits.models import Audit, Page
+from tests.submitting import post_audit
 
 pytestmark = pytest.mark.django_db
 
@@ -24,13 +23,9 @@ def staff_api(django_user_model):
     return client
 
 
-def post_json(api, body, **extra):
-    return api.post("/api/audits", data=json.dumps(body), content_type="application/json", **extra)
-
-
 def test_a_submission_is_accepted_and_queued(api, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as callbacks:
-        response = post_json(api, {"url": "https://Example.org"})
+        response = post_audit(api, {"url": "https://Example.org"})
     assert response.status_code == 202
     body = response.json()
     assert body["url"] == "https://example.org/"
@@ -53,22 +48,22 @@ def test_only_a_trusted_caller_enrols_a_new_page_in_the_nightly_reaudit(api, sta
     settings.REAUDIT_NEW_PAGES = True
     # Without API_TOKENS anyone submits; with them a submission needs a token.
     settings.API_TOKENS = {}
-    assert post_json(api, {"url": "https://anonymous.example/"}).status_code == 202
-    assert post_json(staff_api, {"url": "https://staff.example/"}).status_code == 202
+    assert post_audit(api, {"url": "https://anonymous.example/"}).status_code == 202
+    assert post_audit(staff_api, {"url": "https://staff.example/"}).status_code == 202
     settings.API_TOKENS = {"ci": "t0ken"}
-    token = post_json(api, {"url": "https://token.example/"}, HTTP_AUTHORIZATION="Bearer t0ken")
+    token = post_audit(api, {"url": "https://token.example/"}, HTTP_AUTHORIZATION="Bearer t0ken")
     assert token.status_code == 202
     enrolled = dict(Page.objects.values_list("domain", "reaudit_nightly"))
     assert enrolled == {"anonymous.example": False, "staff.example": True, "token.example": True}
     # An anonymous submission of an enrolled page changes nothing.
     settings.API_TOKENS = {}
-    assert post_json(api, {"url": "https://staff.example/"}).status_code == 202
+    assert post_audit(api, {"url": "https://staff.example/"}).status_code == 202
     assert Page.objects.get(domain="staff.example").reaudit_nightly is True
 
 
 def test_reaudit_new_pages_off_enrols_no_page(staff_api, settings):
     settings.REAUDIT_NEW_PAGES = False
-    assert post_json(staff_api, {"url": "https://staff.example/"}).status_code == 202
+    assert post_audit(staff_api, {"url": "https://staff.example/"}).status_code == 202
     assert Page.objects.get().reaudit_nightly is False
 
 
@@ -86,7 +81,7 @@ def test_reaudit_new_pages_off_enrols_no_page(staff_api, settings):
     ],
 )
 def test_bad_input_names_the_field_and_writes_nothing(api, body, field):
-    response = post_json(api, body)
+    response = post_audit(api, body)
     assert response.status_code == 400
     payload = response.json()
     assert payload["error"] == "invalid_request"
@@ -108,7 +103,7 @@ def test_non_utf8_is_a_json_400(api):
 
 def test_a_body_over_the_limit_is_refused(api, settings):
     body = {"url": "https://example.org/", "pad": "x" * (settings.API_MAX_BODY_BYTES + 10)}
-    response = post_json(api, body)
+    response = post_audit(api, body)
     assert response.status_code == 413
     assert response.json()["error"] == "payload_too_large"
     assert not Audit.objects.exists()
@@ -123,7 +118,7 @@ def test_deep_json_is_refused(api):
 
 
 def test_an_audit_is_read_by_its_id(api):
-    created = post_json(api, {"url": "https://example.org/a"}).json()
+    created = post_audit(api, {"url": "https://example.org/a"}).json()
     response = api.get(f"/api/audits/{created['id']}")
     assert response.status_code == 200
     assert response.json() == created
@@ -137,7 +132,7 @@ def test_an_unknown_audit_is_a_json_404(api, audit_id):
 
 
 def test_the_list_is_newest_first_filtered_and_paginated(api, staff_api):
-    ids = [post_json(api, {"url": f"https://example.org/{n}"}).json()["id"] for n in range(5)]
+    ids = [post_audit(api, {"url": f"https://example.org/{n}"}).json()["id"] for n in range(5)]
     Audit.objects.filter(id=ids[0]).update(status=Audit.Status.FAILED)
     api = staff_api
 
@@ -177,7 +172,7 @@ def test_healthz_is_503_when_redis_is_down(api, settings):
 
 
 def test_listing_audits_needs_a_staff_login_or_a_token(api):
-    post_json(api, {"url": "https://example.org/"})
+    post_audit(api, {"url": "https://example.org/"})
     response = api.get("/api/audits")
     assert response.status_code == 401
     assert response.json()["error"] == "not_authenticated"
@@ -185,14 +180,14 @@ def test_listing_audits_needs_a_staff_login_or_a_token(api):
 
 def test_with_api_tokens_set_every_audit_call_needs_one(api, settings):
     settings.API_TOKENS = {"ci": "s3cret-token"}
-    assert post_json(api, {"url": "https://example.org/"}).status_code == 401
+    assert post_audit(api, {"url": "https://example.org/"}).status_code == 401
     assert (
-        post_json(
+        post_audit(
             api, {"url": "https://example.org/"}, HTTP_AUTHORIZATION="Bearer wrong"
         ).status_code
         == 401
     )
-    created = post_json(
+    created = post_audit(
         api, {"url": "https://example.org/"}, HTTP_AUTHORIZATION="Bearer s3cret-token"
     )
     assert created.status_code == 202

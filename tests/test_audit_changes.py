@@ -15,10 +15,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def changing_page():
-    server = ChangingPage().start()
-    yield server
-    server.stop()
+def changing_page(http_server):
+    return http_server(ChangingPage())
 
 
 def audit_now(url: str, *, trigger: str = Audit.Trigger.SUBMITTED) -> Audit:

@@ -60,18 +60,15 @@ def audit_of(url: str, *, show) -> Audit:
     )  # fmt: skip
 
 
-def test_auditing_a_gigabyte_bomb_grows_no_worker_past_the_page_cap(start_worker):
+def test_auditing_a_gigabyte_bomb_grows_no_worker_past_the_page_cap(start_worker, http_server):
     bomb(("gzip", "gzip"))  # built before the worker is watched: seconds of CPU
-    server = HostileServer().start()
-    try:
-        worker = start_worker("audits", pool="threads", concurrency=4)
-        # A first audit loads whatever an audit loads, so the growth is the bomb's alone.
-        warm = audit_of(f"{server.base_url}/plain?codings=gzip", show=[worker])
-        assert warm.status == Audit.Status.SUCCEEDED, warm.error
-        with WorkerMemory(worker.process.pid) as memory:
-            audit = audit_of(f"{server.base_url}/bomb?codings=gzip,gzip", show=[worker])
-    finally:
-        server.stop()
+    server = http_server(HostileServer())
+    worker = start_worker("audits", pool="threads", concurrency=4)
+    # A first audit loads whatever an audit loads, so the growth is the bomb's alone.
+    warm = audit_of(f"{server.base_url}/plain?codings=gzip", show=[worker])
+    assert warm.status == Audit.Status.SUCCEEDED, warm.error
+    with WorkerMemory(worker.process.pid) as memory:
+        audit = audit_of(f"{server.base_url}/bomb?codings=gzip,gzip", show=[worker])
     assert audit.status == Audit.Status.SUCCEEDED, audit.error
     assert audit.result["truncated"] is True
     assert audit.result["bytes"] == settings.AUDIT_MAX_PAGE_BYTES

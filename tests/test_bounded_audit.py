@@ -26,10 +26,8 @@ from webhooks.deliver import payload_for
 
 
 @pytest.fixture
-def hostile():
-    server = HostilePages().start()
-    yield server
-    server.stop()
+def hostile(http_server):
+    return http_server(HostilePages())
 
 
 @pytest.fixture

@@ -34,10 +34,8 @@ def _bombs():
 
 
 @pytest.fixture
-def hostile(_bombs):
-    server = HostileServer(trickle_interval=0.5, trickle_seconds=60).start()
-    yield server
-    server.stop()
+def hostile(_bombs, http_server):
+    return http_server(HostileServer(trickle_interval=0.5, trickle_seconds=60))
 
 
 def fetch(url, **overrides):

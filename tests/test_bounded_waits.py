@@ -23,26 +23,11 @@ from ratelimit.headers import FARTHEST_SECONDS, LARGEST_COUNT, parse_limit_heade
 from ratelimit.headers import parse_retry_after as retry_after
 from ratelimit.observations import RateLimitObservation, github_installation_key, host_key
 from ratelimit.responses import classify, observe
-from tests.test_outbound_admission import Scripted
 
 pytestmark = pytest.mark.django_db
 
 NOW = 1_700_000_000.0
 FAR = float(FARTHEST_SECONDS)
-
-
-@pytest.fixture
-def scripted(redis_client):
-    servers = []
-
-    def start(*script):
-        servers.append(Scripted(list(script)))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 # --- Headers: absurd values are clamped, never an exception -------------------------

@@ -4,17 +4,17 @@ submissions for everyone, and a Retry-After on a 200 holds nobody. Real HTTP ser
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
 from rest_framework.test import APIClient
 
 from audits.models import Audit, LinkCheck
+from tests.http_server import LocalServer, QuietHandler
+from tests.submitting import post_audit
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,39 +24,20 @@ LINKS_PER_PAGE = 100
 DECADES = "999999999"
 
 
-class Host(ThreadingHTTPServer):
+class Host(LocalServer):
     """`/page/<n>` lists LINKS_PER_PAGE links to `links_to` (`<links_to>/<n>/<k>`), with
     `page_headers`; every other path answers `answer` (status, headers) and is counted."""
 
-    daemon_threads = True
-
     def __init__(self, *, links_to: str = "", page_headers=None, answer=(200, None)):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.links_to = links_to
         self.page_headers = dict(page_headers or {})
         self.answer = (answer[0], dict(answer[1] or {}))
         self.lock = threading.Lock()
         self.answered = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def start(self) -> Host:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
+class _Handler(QuietHandler):
     def do_GET(self):
         server: Host = self.server
         path = urlsplit(self.path).path
@@ -69,40 +50,20 @@ class _Handler(BaseHTTPRequestHandler):
             )
             anchors = "".join(f"<a href='{url}'>{url}</a>" for url in links)
             body = f"<!doctype html><title>Page {page}</title>{anchors}".encode()
-            return self._send(200, {"Content-Type": "text/html", **server.page_headers}, body)
+            return self.send(200, {"Content-Type": "text/html", **server.page_headers}, body)
         with server.lock:
             server.answered += 1
         status, headers = server.answer
-        self._send(status, {"Content-Type": "text/html", **headers}, b"<title>no</title>")
-
-    def _send(self, status: int, headers: dict, body: bytes):
-        self.send_response(status)
-        for name, value in {**headers, "Content-Length": str(len(body))}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+        self.send(status, {"Content-Type": "text/html", **headers}, b"<title>no</title>")
 
 
 @pytest.fixture
-def hosts():
-    started: list[Host] = []
-
-    def start(**options) -> Host:
-        started.append(Host(**options).start())
-        return started[-1]
-
-    yield start
-    for host in started:
-        host.stop()
+def hosts(http_server):
+    return lambda **options: http_server(Host(**options))
 
 
 def submit(url: str, address: str):
-    return APIClient().post(
-        "/api/audits",
-        data=json.dumps({"url": url}),
-        content_type="application/json",
-        REMOTE_ADDR=address,
-    )
+    return post_audit(APIClient(), url, REMOTE_ADDR=address)
 
 
 def queue() -> dict:

@@ -13,19 +13,14 @@ from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
-from audits import submission
 from audits.models import Audit
 from config.celery_app import app
 from jobs.management.commands.replay_dead_letters import parse_since
 from jobs.models import DeadLetter
-from outbound.urls import normalize_url
+from tests.submitting import submit
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def submit(url: str) -> Audit:
-    return submission.submit_audit(normalize_url(url))
 
 
 def finished(audit: Audit, timeout: float = 30.0) -> Audit:

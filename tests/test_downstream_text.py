@@ -18,18 +18,15 @@ def test_an_error_s_message_has_no_nul_and_a_bound():
 
 
 @pytest.mark.slow
-def test_a_receiver_answering_a_nul_fails_the_delivery_with_its_answer_recorded(start_worker):
-    hook = Receiver(lambda at, number: (400, {}, b"refused\x00: bad signature")).start()
-    try:
-        start_webhooks_worker(start_worker, **FAST_RETRIES)
-        row = schedule(hook.url)
-        # The write of its error failed (PostgreSQL: "cannot contain NUL (0x00)
-        # characters"): the delivery stayed `delivering`, its answer unrecorded.
-        wait_for(
-            lambda: delivery(row).status == "failed", timeout=60, message="the delivery to fail"
-        )
-    finally:
-        hook.stop()
+def test_a_receiver_answering_a_nul_fails_the_delivery_with_its_answer_recorded(
+    start_worker, http_server
+):
+    hook = http_server(Receiver(lambda at, number: (400, {}, b"refused\x00: bad signature")))
+    start_webhooks_worker(start_worker, **FAST_RETRIES)
+    row = schedule(hook.url)
+    # The write of its error failed (PostgreSQL: "cannot contain NUL (0x00)
+    # characters"): the delivery stayed `delivering`, its answer unrecorded.
+    wait_for(lambda: delivery(row).status == "failed", timeout=60, message="the delivery to fail")
     failed = delivery(row)
     assert failed.last_status_code == 400
     assert failed.last_error.endswith("HTTP 400: refused\\x00: bad signature")

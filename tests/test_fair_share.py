@@ -16,6 +16,7 @@ from audits import submission
 from audits.models import Audit
 from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
+from tests.submitting import post_audit
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -30,10 +31,6 @@ def from_address(live_server, address: str) -> httpx.Client:
     )
 
 
-def submit(http: httpx.Client, url: str) -> httpx.Response:
-    return http.post("/api/audits", json={"url": url})
-
-
 def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     live_server, site, start_worker, settings
 ):
@@ -43,7 +40,7 @@ def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     start_worker("audits", concurrency=2, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
-        statuses = [submit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(6)]
+        statuses = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(6)]
     assert [r.status_code for r in statuses] == [202, 202, 429, 429, 429, 429]
     refused = statuses[2]
     assert refused.json()["error"] == "client_backlog_full"
@@ -51,7 +48,7 @@ def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
     assert 5 <= int(refused.headers["Retry-After"]) <= 15
     # The backlog is far from full: another client is admitted, and its audit runs.
     with from_address(live_server, "127.0.0.2") as other:
-        admitted = submit(other, f"{site.base_url}/")
+        admitted = post_audit(other, f"{site.base_url}/")
     assert admitted.status_code == 202, admitted.text
     wait_for(
         lambda: Audit.objects.get(id=admitted.json()["id"]).status == Audit.Status.SUCCEEDED,
@@ -71,7 +68,7 @@ def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_f
     start_worker("audits", concurrency=8, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
-        answers = [submit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(100)]
+        answers = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(100)]
     admitted = [a for a in answers if a.status_code == 202]
     refused = [a.json() for a in answers if a.status_code == 429]
     assert len(admitted) + len(refused) == 100
@@ -88,7 +85,7 @@ def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_f
     submitted: dict[str, float] = {}
     for n in range(2, 12):
         with from_address(live_server, f"127.0.0.{n}") as other:
-            response = submit(other, f"{site.base_url}/?client={n}")
+            response = post_audit(other, f"{site.base_url}/?client={n}")
         assert response.status_code == 202, response.text
         submitted[response.json()["id"]] = time.monotonic()
 
@@ -110,100 +107,88 @@ def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_f
 
 
 def test_a_page_of_many_slow_links_does_not_push_another_clients_link_past_its_deadline(
-    start_worker, settings
+    start_worker, settings, http_server
 ):
-    slow = LinkedPage(delay=2.0).start()
-    fast = LinkedPage(delay=0).start()
-    greedy_page = LinkedPage([f"{slow.url}/target/{n}" for n in range(60)]).start()
-    other_page = LinkedPage([f"{fast.url}/target/only"]).start()
+    slow = http_server(LinkedPage(delay=2.0))
+    fast = http_server(LinkedPage(delay=0))
+    greedy_page = http_server(LinkedPage([f"{slow.url}/target/{n}" for n in range(60)]))
+    other_page = http_server(LinkedPage([f"{fast.url}/target/only"]))
     deadline = 10
-    try:
-        start_worker(
-            "audits",
-            concurrency=4,
-            pool="threads",
-            env={
-                "AUDIT_LINKCHECK_DEADLINE_SECONDS": str(deadline),
-                "LINKCHECK_PER_CLIENT_CONCURRENCY": "2",
-                # Hosts' slots out of the way (every test server is 127.0.0.1): the worker's
-                # threads are what the two clients share here.
-                "LINKCHECK_PER_HOST_CONCURRENCY": "100",
-                "LINKCHECK_PER_HOST_RATE": "100",
-                "DELAYED_POLL_INTERVAL_SECONDS": "0.1",
-            },
-        )
-        greedy = submission.submit_audit(
-            normalize_url(f"{greedy_page.url}/"), client="ip:192.0.2.1"
-        )
-        wait_for(
-            lambda: Audit.objects.get(id=greedy.id).status == Audit.Status.CHECKING_LINKS,
-            timeout=30, message="the greedy page's audit to check its links",
-        )  # fmt: skip
-        submitted = time.monotonic()
-        other = submission.submit_audit(normalize_url(f"{other_page.url}/"), client="ip:192.0.2.2")
-        wait_for(
-            lambda: Audit.objects.get(id=other.id).status in Audit.FINISHED,
-            timeout=60, message="the other client's audit",
-        )  # fmt: skip
-        took = time.monotonic() - submitted
-        result = Audit.objects.get(id=other.id).result
-        assert [link["status"] for link in result["links"]] == ["ok"]
-        assert result["link_check"]["deadline_passed"] is False
-        # Its one link checked well within the deadline, not behind sixty 2 s checks on
-        # four threads (30 s).
-        assert took < deadline, took
-        # The greedy client never had more than its two checks in flight.
-        assert slow.max_in_flight <= 2
-    finally:
-        for server in (slow, fast, greedy_page, other_page):
-            server.stop()
+    start_worker(
+        "audits",
+        concurrency=4,
+        pool="threads",
+        env={
+            "AUDIT_LINKCHECK_DEADLINE_SECONDS": str(deadline),
+            "LINKCHECK_PER_CLIENT_CONCURRENCY": "2",
+            # Hosts' slots out of the way (every test server is 127.0.0.1): the worker's
+            # threads are what the two clients share here.
+            "LINKCHECK_PER_HOST_CONCURRENCY": "100",
+            "LINKCHECK_PER_HOST_RATE": "100",
+            "DELAYED_POLL_INTERVAL_SECONDS": "0.1",
+        },
+    )
+    greedy = submission.submit_audit(normalize_url(f"{greedy_page.url}/"), client="ip:192.0.2.1")
+    wait_for(
+        lambda: Audit.objects.get(id=greedy.id).status == Audit.Status.CHECKING_LINKS,
+        timeout=30, message="the greedy page's audit to check its links",
+    )  # fmt: skip
+    submitted = time.monotonic()
+    other = submission.submit_audit(normalize_url(f"{other_page.url}/"), client="ip:192.0.2.2")
+    wait_for(
+        lambda: Audit.objects.get(id=other.id).status in Audit.FINISHED,
+        timeout=60, message="the other client's audit",
+    )  # fmt: skip
+    took = time.monotonic() - submitted
+    result = Audit.objects.get(id=other.id).result
+    assert [link["status"] for link in result["links"]] == ["ok"]
+    assert result["link_check"]["deadline_passed"] is False
+    # Its one link checked well within the deadline, not behind sixty 2 s checks on
+    # four threads (30 s).
+    assert took < deadline, took
+    # The greedy client never had more than its two checks in flight.
+    assert slow.max_in_flight <= 2
 
 
 def test_a_page_of_many_github_links_does_not_take_another_clients_turn_at_github(
-    start_worker, fake_github, settings
+    start_worker, fake_github, settings, http_server
 ):
     # One credential, one call at a time (GitHub's advice), half a second a call: the
     # greedy page's thirty repositories are 15 s of GitHub's time.
     fake_github.state.answer_delay = 0.5
     for n in range(40):
         fake_github.state.repositories[f"plumb/many{n}"] = {"full_name": f"plumb/many{n}"}
-    greedy_page = LinkedPage([f"https://github.com/plumb/many{n}" for n in range(30)]).start()
-    other_page = LinkedPage(["https://github.com/plumb/repo0"]).start()
+    greedy_page = http_server(LinkedPage([f"https://github.com/plumb/many{n}" for n in range(30)]))
+    other_page = http_server(LinkedPage(["https://github.com/plumb/repo0"]))
     deadline = 10
-    try:
-        start_worker(
-            "audits",
-            concurrency=4,
-            pool="threads",
-            env={
-                **fake_github.worker_env,
-                "AUDIT_LINKCHECK_DEADLINE_SECONDS": str(deadline),
-                "LINKCHECK_PER_CLIENT_CONCURRENCY": "2",
-                "DELAYED_POLL_INTERVAL_SECONDS": "0.1",
-            },
-        )
-        greedy = submission.submit_audit(
-            normalize_url(f"{greedy_page.url}/"), client="ip:192.0.2.1"
-        )
-        wait_for(
-            lambda: Audit.objects.get(id=greedy.id).status == Audit.Status.CHECKING_LINKS,
-            timeout=30, message="the greedy page's audit to check its links",
-        )  # fmt: skip
-        submitted = time.monotonic()
-        other = submission.submit_audit(normalize_url(f"{other_page.url}/"), client="ip:192.0.2.2")
-        wait_for(
-            lambda: Audit.objects.get(id=other.id).status in Audit.FINISHED,
-            timeout=60, message="the other client's audit",
-        )  # fmt: skip
-        took = time.monotonic() - submitted
-        result = Audit.objects.get(id=other.id).result
-        assert [link["status"] for link in result["links"]] == ["ok"]
-        assert result["links"][0]["github"]["repository"] == "plumb/repo0"
-        # Behind at most the greedy client's two checks at GitHub, not its thirty (15 s of
-        # GitHub's time: past the deadline, where the link would not be "ok" above). The
-        # bound is the deadline itself: on a loaded 2-core CI run the 1-2 s this takes
-        # once reached 5.7 s.
-        assert took < deadline, took
-    finally:
-        greedy_page.stop()
-        other_page.stop()
+    start_worker(
+        "audits",
+        concurrency=4,
+        pool="threads",
+        env={
+            **fake_github.worker_env,
+            "AUDIT_LINKCHECK_DEADLINE_SECONDS": str(deadline),
+            "LINKCHECK_PER_CLIENT_CONCURRENCY": "2",
+            "DELAYED_POLL_INTERVAL_SECONDS": "0.1",
+        },
+    )
+    greedy = submission.submit_audit(normalize_url(f"{greedy_page.url}/"), client="ip:192.0.2.1")
+    wait_for(
+        lambda: Audit.objects.get(id=greedy.id).status == Audit.Status.CHECKING_LINKS,
+        timeout=30, message="the greedy page's audit to check its links",
+    )  # fmt: skip
+    submitted = time.monotonic()
+    other = submission.submit_audit(normalize_url(f"{other_page.url}/"), client="ip:192.0.2.2")
+    wait_for(
+        lambda: Audit.objects.get(id=other.id).status in Audit.FINISHED,
+        timeout=60, message="the other client's audit",
+    )  # fmt: skip
+    took = time.monotonic() - submitted
+    result = Audit.objects.get(id=other.id).result
+    assert [link["status"] for link in result["links"]] == ["ok"]
+    assert result["links"][0]["github"]["repository"] == "plumb/repo0"
+    # Behind at most the greedy client's two checks at GitHub, not its thirty (15 s of
+    # GitHub's time: past the deadline, where the link would not be "ok" above). The
+    # bound is the deadline itself: on a loaded 2-core CI run the 1-2 s this takes
+    # once reached 5.7 s.
+    assert took < deadline, took

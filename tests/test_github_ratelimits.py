@@ -28,6 +28,7 @@ from ratelimit.observations import (
 )
 from tests.conftest import APP_ID, INSTALLATION_ID
 from tests.fake_github import LinkedPage
+from tests.submitting import submit
 from tests.workers import wait_for
 
 INSTALLATION = github_installation_key(INSTALLATION_ID)
@@ -39,17 +40,8 @@ def client() -> GitHubClient:
 
 
 @pytest.fixture
-def linked_page():
-    pages = []
-
-    def start(links, **options):
-        page = LinkedPage(links, **options).start()
-        pages.append(page)
-        return page
-
-    yield start
-    for page in pages:
-        page.stop()
+def linked_page(http_server):
+    return lambda links, **options: http_server(LinkedPage(links, **options))
 
 
 def rest_and_graphql(server, identity):
@@ -163,10 +155,6 @@ def test_concurrent_token_refreshes_mint_once(fake_github, redis_client):
 # --- Real workers ---------------------------------------------------------------------
 
 
-def submit(url: str) -> Audit:
-    return submission.submit_audit(normalize_url(url))
-
-
 def parked_entries(redis_client) -> list[tuple[delayed.Entry, float]]:
     return delayed.entries("audits", redis_client)
 
@@ -197,6 +185,9 @@ def test_a_60s_retry_after_causes_no_inline_retry_and_a_queue_retry_60s_later_wi
     assert len({due for _, due in entries}) == 3  # jittered, not in lockstep
     checks = LinkCheck.objects.filter(audit=audit)
     assert {check.status for check in checks} == {LinkCheck.Status.RATE_LIMITED_PENDING}
+    # Another request would be an inline retry (at once: the checks above are parked, so
+    # their attempts are over) or a parked check woken early (by the delayed store's
+    # 0.25 s poll): a second covers both; the 60 s wake itself is the next test's.
     time.sleep(1)
     assert len(fake_github.requests(identity=fake_github.installation)) == 1
 

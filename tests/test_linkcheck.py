@@ -181,63 +181,55 @@ def test_the_deadline_finishes_the_audit_reporting_unfinished_checks(site, redis
 
 
 @pytest.mark.slow
-def test_forty_pages_sharing_eight_footer_links_send_eight_requests(start_worker, redis_client):
+def test_forty_pages_sharing_eight_footer_links_send_eight_requests(
+    start_worker, redis_client, http_server
+):
     # Seed 001's amplification in the footer: 40 pages of one site, the same 8 links.
-    other_host = LinkedPage(delay=0).start()
+    other_host = http_server(LinkedPage(delay=0))
     footer = [f"{other_host.url}/footer/{n}" for n in range(8)]
-    site = LinkedPage(footer).start()
-    try:
-        start_worker("audits", concurrency=8, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
-        audits = [
-            submission.submit_audit(normalize_url(f"{site.url}/?page={n}")) for n in range(40)
-        ]
-        wait_for(
-            lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
-            timeout=90, message="the forty audits",
-        )  # fmt: skip
-        for audit in Audit.objects.filter(id__in=[a.id for a in audits]):
-            assert audit.status == Audit.Status.SUCCEEDED
-            assert [link["status"] for link in audit.result["links"]] == ["ok"] * 8
-            assert audit.result["link_check"]["unfinished"] == 0
-        assert len(other_host.arrivals) == 8  # one request per distinct link
-        # The amplification series counts link checks against distinct links.
-        first_attempts = read_counter(TASK_FIRST_ATTEMPTS)
-        assert first_attempts[("audits.check_shared_link",)] == 8
-    finally:
-        site.stop()
-        other_host.stop()
+    site = http_server(LinkedPage(footer))
+    start_worker("audits", concurrency=8, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    audits = [submission.submit_audit(normalize_url(f"{site.url}/?page={n}")) for n in range(40)]
+    wait_for(
+        lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
+        timeout=90, message="the forty audits",
+    )  # fmt: skip
+    for audit in Audit.objects.filter(id__in=[a.id for a in audits]):
+        assert audit.status == Audit.Status.SUCCEEDED
+        assert [link["status"] for link in audit.result["links"]] == ["ok"] * 8
+        assert audit.result["link_check"]["unfinished"] == 0
+    assert len(other_host.arrivals) == 8  # one request per distinct link
+    # The amplification series counts link checks against distinct links.
+    first_attempts = read_counter(TASK_FIRST_ATTEMPTS)
+    assert first_attempts[("audits.check_shared_link",)] == 8
 
 
 @pytest.mark.slow
 def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
-    start_worker, redis_client
+    start_worker, redis_client, http_server
 ):
-    fast = LinkedPage(delay=0).start()  # only the rate can hold these back
-    slow = LinkedPage(delay=1.0).start()  # here the concurrency binds first
+    fast = http_server(LinkedPage(delay=0))  # only the rate can hold these back
+    slow = http_server(LinkedPage(delay=1.0))  # here the concurrency binds first
     links = [f"{fast.url}/target/{n}" for n in range(8)] + [
         f"{slow.url}/target/{n}" for n in range(4)
     ]
-    page = LinkedPage(links).start()
-    try:
-        env = {"LINKCHECK_PER_HOST_CONCURRENCY": "2", "LINKCHECK_PER_HOST_RATE": "4"}
-        # Four pool processes share nothing but Redis, like four workers on four hosts.
-        start_worker("audits", concurrency=4, env=env)
-        audit = submission.submit_audit(normalize_url(f"{page.url}/"))
-        wait_for(
-            lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,
-            timeout=60, message="the audit and its twelve checks",
-        )  # fmt: skip
-        result = Audit.objects.get(id=audit.id).result
-        assert [link["status"] for link in result["links"]] == ["ok"] * 12
-        assert slow.max_in_flight == 2
-        # 4 per second: no one-second window holds more than 4 arrivals (one more for
-        # scheduling jitter on a busy machine); unpaced, all eight come at once.
-        arrivals = sorted(fast.arrivals)
-        assert len(arrivals) == 8
-        assert max(sum(t <= a < t + 1.0 for a in arrivals) for t in arrivals) <= 5
-    finally:
-        for server in (page, fast, slow):
-            server.stop()
+    page = http_server(LinkedPage(links))
+    env = {"LINKCHECK_PER_HOST_CONCURRENCY": "2", "LINKCHECK_PER_HOST_RATE": "4"}
+    # Four pool processes share nothing but Redis, like four workers on four hosts.
+    start_worker("audits", concurrency=4, env=env)
+    audit = submission.submit_audit(normalize_url(f"{page.url}/"))
+    wait_for(
+        lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,
+        timeout=60, message="the audit and its twelve checks",
+    )  # fmt: skip
+    result = Audit.objects.get(id=audit.id).result
+    assert [link["status"] for link in result["links"]] == ["ok"] * 12
+    assert slow.max_in_flight == 2
+    # 4 per second: no one-second window holds more than 4 arrivals (one more for
+    # scheduling jitter on a busy machine); unpaced, all eight come at once.
+    arrivals = sorted(fast.arrivals)
+    assert len(arrivals) == 8
+    assert max(sum(t <= a < t + 1.0 for a in arrivals) for t in arrivals) <= 5
 
 
 def test_link_outcomes_are_the_link_check_statuses():

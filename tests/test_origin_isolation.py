@@ -50,17 +50,8 @@ def open_breakers(task_name: str) -> list[str]:
 
 
 @pytest.fixture
-def receiver():
-    servers = []
-
-    def start(respond=lambda at, number: 200) -> Receiver:
-        server = Receiver(respond).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+def receiver(http_server):
+    return lambda respond=lambda at, number: 200: http_server(Receiver(respond))
 
 
 @pytest.mark.slow
@@ -168,7 +159,7 @@ def test_every_spelling_of_a_link_shares_one_outcome_and_one_request(site, redis
 
 
 @pytest.mark.django_db
-def test_every_spelling_of_an_origin_waits_for_its_one_slot(site, redis_client):
+def test_every_spelling_of_an_origin_waits_for_its_one_slot(site, redis_client, http_server):
     port = site.base_url.rsplit(":", 1)[1]
     one_at_a_time = SlotLimit("pages", concurrency=1, lease=30, wait_inline=False)
     outbound = OutboundClient(shared_client(timeout=10), slots=one_at_a_time)
@@ -187,11 +178,8 @@ def test_every_spelling_of_an_origin_waits_for_its_one_slot(site, redis_client):
                 send(spelling)
         assert site.hits["/noindex"] == 0
         # Another port of the same host is another origin, with its own slot.
-        other = Receiver().start()
-        try:
-            response = outbound.send(outbound.http.build_request("POST", other.url))
-            assert response.status_code == 200
-        finally:
-            other.stop()
+        other = http_server(Receiver())
+        response = outbound.send(outbound.http.build_request("POST", other.url))
+        assert response.status_code == 200
     finally:
         holding.join()

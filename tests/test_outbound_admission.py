@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -33,55 +31,6 @@ from ratelimit.responses import classify
 pytestmark = pytest.mark.django_db
 
 INSTALLATION = github_installation_key(77)
-
-
-class Scripted(ThreadingHTTPServer):
-    """Answers each request with the next (status, headers, body) of its script."""
-
-    daemon_threads = True
-
-    def __init__(self, script: list[tuple[int, dict, dict | None]]):
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
-        self.script = list(script)
-        self.requests = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class ScriptedHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        server: Scripted = self.server
-        server.requests += 1
-        status, headers, body = server.script[min(server.requests, len(server.script)) - 1]
-        payload = json.dumps(body or {}).encode()
-        self.send_response(status)
-        for name, value in {**headers, "Content-Length": str(len(payload))}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
-
-
-@pytest.fixture
-def scripted(redis_client):
-    servers = []
-
-    def start(*script):
-        server = Scripted(list(script))
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 def response(status=200, headers=None, body=None) -> httpx.Response:

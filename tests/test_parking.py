@@ -5,23 +5,19 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from audits import submission
 from audits.models import Audit
 from audits.tasks import AUDIT_POLICY
 from jobs import delayed
 from jobs.breakers import FAILURE, Breaker
 from jobs.models import CircuitBreaker, DeadLetter
-from outbound.urls import normalize_url, origin_key
+from outbound.urls import origin_key
+from tests.submitting import submit
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 FAST_SWEEP = {"DELAYED_POLL_INTERVAL_SECONDS": "0.2"}
-
-
-def submit(url: str) -> Audit:
-    return submission.submit_audit(normalize_url(url))
 
 
 def status_of(audit: Audit) -> str:

@@ -5,63 +5,38 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
-import redis
 
-from config import devservices
 from config.redis import unsafe_server_settings
 from tests.workers import ROOT, wait_for
 
 
-@pytest.fixture
-def private_redis():
-    """A redis-server of the test's own on a free port: start(*args) -> client."""
-    started = []
-
-    def start(*args: str) -> tuple[redis.Redis, str]:
-        port = devservices.free_port()
-        data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-settings-"))
-        command = [*devservices.redis_command(port, data_dir), *args]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        started.append(process)
-        url = f"redis://127.0.0.1:{port}/0"
-        wait_for(lambda: devservices.redis_answers(url, timeout=0.2), timeout=10, message="redis")
-        return redis.Redis.from_url(url), url
-
-    yield start
-    for process in started:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def test_a_server_that_may_lose_or_evict_work_is_named(private_redis):
-    client, _ = private_redis("--maxmemory-policy", "allkeys-lru")  # and no AOF
+def test_a_server_that_may_lose_or_evict_work_is_named(start_private_redis):
+    client = start_private_redis("--maxmemory-policy", "allkeys-lru").client()  # and no AOF
     assert unsafe_server_settings(client) == {
         "appendonly": "no",
         "maxmemory-policy": "allkeys-lru",
     }
 
 
-def test_a_server_set_as_documented_passes(private_redis):
-    client, _ = private_redis(
+def test_a_server_set_as_documented_passes(start_private_redis):
+    client = start_private_redis(
         "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction"
-    )
+    ).client()
     assert unsafe_server_settings(client) == {}
 
 
-def test_a_server_that_refuses_config_get_is_not_an_error(private_redis):
+def test_a_server_that_refuses_config_get_is_not_an_error(start_private_redis):
     # Managed Redis (ElastiCache, Memorystore) renames or disables CONFIG.
-    client, _ = private_redis("--rename-command", "CONFIG", "")
+    client = start_private_redis("--rename-command", "CONFIG", "").client()
     assert unsafe_server_settings(client) == {}
 
 
 @pytest.mark.slow
-def test_a_worker_warns_at_start_about_an_unsafe_server(private_redis, start_worker):
-    _, url = private_redis("--maxmemory-policy", "allkeys-lru")
-    worker = start_worker("audits", env={"REDIS_URL": url})
+def test_a_worker_warns_at_start_about_an_unsafe_server(start_private_redis, start_worker):
+    unsafe = start_private_redis("--maxmemory-policy", "allkeys-lru")
+    worker = start_worker("audits", env={"REDIS_URL": unsafe.url})
     line = wait_for(
         lambda: next((x for x in worker.lines if "redis.unsafe_settings" in x), None),
         timeout=20, message="the warning", show=[worker],

@@ -6,23 +6,18 @@ import json
 
 import pytest
 
-from audits import linkcheck, submission
+from audits import linkcheck
 from audits.models import Audit
 from jobs import sweeps
 from observability.collector import exposition
 from observability.series import stats
-from outbound.urls import normalize_url
+from tests.submitting import submit
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 TASK = (("task", "audits.run_audit"),)
-
-
-def submit(url: str) -> Audit:
-    # transactional_db (through start_worker): the enqueue runs at once.
-    return submission.submit_audit(normalize_url(url))
 
 
 def finished(audit: Audit, worker, timeout: float = 40) -> Audit:

@@ -24,26 +24,25 @@ def staff_client(client, db):
 
 
 @pytest.mark.slow
-def test_replaying_a_dead_delivery_from_the_admin_delivers_it(staff_client, start_worker):
+def test_replaying_a_dead_delivery_from_the_admin_delivers_it(
+    staff_client, start_worker, http_server
+):
     receiver_healthy = False
-    hook = Receiver(lambda at, number: 200 if receiver_healthy else 500).start()
-    try:
-        start_webhooks_worker(start_worker, WEBHOOK_MAX_ATTEMPTS=2, **FAST_RETRIES)
-        row = schedule(hook.url)
-        wait_for(lambda: delivery(row).status == "failed", timeout=30, message="it to fail")
-        assert hook.count(500) == 2
+    hook = http_server(Receiver(lambda at, number: 200 if receiver_healthy else 500))
+    start_webhooks_worker(start_worker, WEBHOOK_MAX_ATTEMPTS=2, **FAST_RETRIES)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "failed", timeout=30, message="it to fail")
+    assert hook.count(500) == 2
 
-        receiver_healthy = True
-        response = staff_client.post(
-            "/admin/webhooks/delivery/",
-            {"action": "redeliver", "_selected_action": [str(row.id)]},
-            follow=True,
-        )
-        assert response.status_code == 200
-        assert "Queued 1 delivery(ies) again." in response.content.decode()
-        wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the replay")
-    finally:
-        hook.stop()
+    receiver_healthy = True
+    response = staff_client.post(
+        "/admin/webhooks/delivery/",
+        {"action": "redeliver", "_selected_action": [str(row.id)]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "Queued 1 delivery(ies) again." in response.content.decode()
+    wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the replay")
     assert [r.status for r in hook.requests] == [500, 500, 200]
     # A replay is the same event: receivers that already have it can drop it.
     assert {r.webhook_id for r in hook.requests} == {row.webhook_id}

@@ -21,24 +21,13 @@ PAGE_SECRET = "whsec_" + base64.b64encode(b"plumb-page-secret-0123456789abcd").d
 
 
 @pytest.fixture
-def changing_page():
-    server = ChangingPage().start()
-    yield server
-    server.stop()
+def changing_page(http_server):
+    return http_server(ChangingPage())
 
 
 @pytest.fixture
-def receiver():
-    servers = []
-
-    def start() -> Receiver:
-        server = Receiver().start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+def receiver(http_server):
+    return lambda: http_server(Receiver())
 
 
 def reaudit(page: Page) -> Audit:

@@ -18,10 +18,8 @@ BURST = 12
 
 
 @pytest.fixture
-def slow_receiver():
-    server = Receiver(hold_seconds=0.6).start()
-    yield server
-    server.stop()
+def slow_receiver(http_server):
+    return http_server(Receiver(hold_seconds=0.6))
 
 
 class HeldMessages:

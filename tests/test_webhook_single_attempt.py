@@ -17,10 +17,8 @@ HOLD_SECONDS = 8  # the receiver answers after the message came back to the queu
 
 
 @pytest.fixture
-def slow_receiver():
-    server = Receiver(hold_seconds=HOLD_SECONDS).start()
-    yield server
-    server.stop()
+def slow_receiver(http_server):
+    return http_server(Receiver(hold_seconds=HOLD_SECONDS))
 
 
 def test_a_redelivered_message_waits_for_the_attempt_in_flight_instead_of_posting_again(

@@ -11,24 +11,22 @@ import pytest
 from rest_framework.test import APIClient
 
 from audits.models import Audit
+from tests.submitting import post_audit
 from tests.webhook_helpers import SECRET, finished_audit_with_callback
 from tests.workers import ROOT
 from webhooks.models import Delivery
 
 
-def post_json(body):
-    return APIClient().post("/api/audits", data=json.dumps(body), content_type="application/json")
-
-
 @pytest.mark.django_db
 def test_a_callback_is_accepted_and_its_secret_never_returned(django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks():
-        response = post_json(
+        response = post_audit(
+            APIClient(),
             {
                 "url": "https://example.org/",
                 "callback_url": "HTTPS://Hooks.Example.org/plumb",
                 "callback_secret": SECRET,
-            }
+            },
         )
     assert response.status_code == 202, response.content
     assert response.json()["callback_url"] == "https://hooks.example.org/plumb"
@@ -55,7 +53,7 @@ def test_a_callback_is_accepted_and_its_secret_never_returned(django_capture_on_
     ],
 )
 def test_a_bad_callback_is_refused_naming_the_field(extra, field):
-    response = post_json({"url": "https://example.org/", **extra})
+    response = post_audit(APIClient(), {"url": "https://example.org/", **extra})
     assert response.status_code == 400
     body = response.json()
     assert field in body["fields"]

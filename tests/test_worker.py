@@ -9,15 +9,10 @@ import pytest
 
 from audits.models import Audit
 from devstack.demo_site import DEMO_PATHS
+from tests.submitting import post_audit
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def submit(live_server, url: str) -> dict:
-    response = httpx.post(f"{live_server.url}/api/audits", json={"url": url}, timeout=10)
-    assert response.status_code == 202, response.text
-    return response.json()
 
 
 def read(live_server, audit: dict) -> dict:
@@ -35,7 +30,7 @@ def finished(live_server, audit: dict, timeout: float = 30.0, show=()) -> dict:
 
 def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
     worker = start_worker("audits")
-    audit = submit(live_server, f"{site.base_url}/redirect")
+    audit = post_audit(live_server.url, f"{site.base_url}/redirect", expect=202).json()
     done = finished(live_server, audit, show=[worker])
     assert done["status"] == "succeeded"
     assert done["attempts"] == 1
@@ -46,7 +41,9 @@ def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
 
 def test_a_500_is_retried_until_the_page_recovers(live_server, site, start_worker):
     worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.2"})
-    audit = submit(live_server, f"{site.base_url}/flaky?key=worker&fail=2")
+    audit = post_audit(
+        live_server.url, f"{site.base_url}/flaky?key=worker&fail=2", expect=202
+    ).json()
     seen = set()
 
     def succeeded():
@@ -63,18 +60,24 @@ def test_a_500_is_retried_until_the_page_recovers(live_server, site, start_worke
 
 def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site, start_worker):
     start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "2"})
-    audit = submit(live_server, f"{site.base_url}/flaky?key=never&fail=100")
+    audit = post_audit(
+        live_server.url, f"{site.base_url}/flaky?key=never&fail=100", expect=202
+    ).json()
     done = finished(live_server, audit)
     assert done["status"] == "failed"
     assert done["attempts"] == 2
     assert "gave up after 2 attempt(s)" in done["error"]
+    # A third attempt would follow the second's failure within 0.5 s (a 0.2 s backoff at
+    # most x1.25 jitter, then the delayed store's 0.25 s poll): a second is past it.
     time.sleep(1)
     assert site.flaky_counts["never"] == 2
 
 
 def test_a_4xx_page_succeeds_and_reports_it_without_retrying(live_server, site, start_worker):
     start_worker("audits")
-    done = finished(live_server, submit(live_server, f"{site.base_url}/missing"))
+    done = finished(
+        live_server, post_audit(live_server.url, f"{site.base_url}/missing", expect=202).json()
+    )
     assert done["status"] == "succeeded"
     assert done["result"]["status_code"] == 404
     assert done["attempts"] == 1
@@ -85,7 +88,10 @@ def test_every_demo_page_is_audited_successfully_on_its_first_attempt(
 ):
     # What `make demo` submits, through the same API, to workers as `make run` starts them.
     worker = start_worker("audits", concurrency=4)
-    audits = [submit(live_server, f"{site.base_url}{path}") for path in DEMO_PATHS]
+    audits = [
+        post_audit(live_server.url, f"{site.base_url}{path}", expect=202).json()
+        for path in DEMO_PATHS
+    ]
     done = [finished(live_server, audit, timeout=60, show=[worker]) for audit in audits]
     assert [(body["status"], body["attempts"]) for body in done] == [("succeeded", 1)] * len(
         DEMO_PATHS

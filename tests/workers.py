@@ -6,6 +6,7 @@ worker (main process and pool children) the way a crashed host would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,6 +110,18 @@ class WorkerProcess:
     def kill(self) -> None:
         """SIGKILL the worker and its pool children at once: nothing gets to clean up."""
         os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def end(self) -> None:
+        """SIGKILL the worker's whole process group, whatever state it is in (its pool
+        children too, even if the test already ended the main process): how `start_worker`
+        ends a test's workers once the test is over. Nothing a test asserts depends on how
+        its workers end, and the next test starts from an empty Redis and database; a warm
+        shutdown (`stop`) takes 2 to 4 s a worker, a fifth of the suite's time, this 0.05 s."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
 
     def stop(self, timeout: float = 15.0) -> None:

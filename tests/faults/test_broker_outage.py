@@ -11,23 +11,19 @@ waker thread survived the ticks that failed during the outage.
 
 from __future__ import annotations
 
-import tempfile
-import time
 import uuid
 from contextlib import contextmanager
 from datetime import date
-from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings
 
 from audits import submission
 from audits.models import Audit, Page
-from config import devservices
 from config.celery_app import app, unacked_key_for_queue
 from jobs import delayed
 from outbound.urls import normalize_url
+from tests.private_redis import PrivateRedis
 from tests.receiver import Receiver
 from tests.webhook_helpers import finished_audit_with_callback
 from tests.workers import reaudit_as_make_run, wait_for
@@ -40,40 +36,6 @@ OUTAGE_SECONDS = 3
 # Held by the worker (not due) while Redis goes away, so kombu has unacked messages
 # to restore as it closes the lost connection.
 HELD_MESSAGES = 3
-
-
-class PrivateRedis:
-    """A redis-server of the test's own on a free port, stopped and started empty."""
-
-    def __init__(self):
-        self.port = devservices.free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process = devservices.start_redis(self.port, self._data_dir())
-
-    @staticmethod
-    def _data_dir() -> Path:
-        return Path(tempfile.mkdtemp(prefix="plumb-broker-outage-"))
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-    def restart_empty(self) -> None:
-        self.stop()
-        # Away for a moment, as in a restart or a failover, then back with nothing.
-        time.sleep(OUTAGE_SECONDS)
-        self.process = devservices.start_redis(self.port, self._data_dir())
-
-
-@pytest.fixture
-def private_redis():
-    server = PrivateRedis()
-    yield server
-    server.stop()
 
 
 @contextmanager
@@ -106,7 +68,7 @@ def connections_made(worker) -> int:
 
 def survive_outage(worker, private: PrivateRedis) -> None:
     before = connections_made(worker)
-    private.restart_empty()
+    private.restart_empty(down_seconds=OUTAGE_SECONDS)
     # Back: the worker must reconnect, not exit.
     wait_for(
         lambda: connections_made(worker) > before or worker.process.poll() is not None,
@@ -162,31 +124,28 @@ def test_a_reaudit_worker_outlives_a_redis_restart(start_worker, private_redis):
     assert worker.process.poll() is None
 
 
-def test_a_webhooks_worker_outlives_a_redis_restart(start_worker, private_redis):
-    receiver = Receiver().start()
-    try:
-        worker = start_worker(
-            "webhooks", concurrency=None, pool="threads", env={"REDIS_URL": private_redis.url}
-        )
-        hold_messages("webhooks", "webhooks.deliver", [str(uuid.uuid4())], private_redis)
+def test_a_webhooks_worker_outlives_a_redis_restart(start_worker, private_redis, http_server):
+    receiver = http_server(Receiver())
+    worker = start_worker(
+        "webhooks", concurrency=None, pool="threads", env={"REDIS_URL": private_redis.url}
+    )
+    hold_messages("webhooks", "webhooks.deliver", [str(uuid.uuid4())], private_redis)
 
-        survive_outage(worker, private_redis)
+    survive_outage(worker, private_redis)
 
-        audit = finished_audit_with_callback(receiver.url)
-        row = Delivery.objects.create(
-            audit=audit, event="audit.finished", url=receiver.url, task_id=str(uuid.uuid4())
-        )
-        entry = delayed.Entry("webhooks.deliver", "webhooks", row.task_id, [str(row.id)])
-        wake_through_delayed_store(entry, private_redis)
-        wait_for(
-            lambda: receiver.count(200) == 1,
-            timeout=60,
-            message="a delivery woken after the restart",
-            show=[worker],
-        )
-        assert worker.process.poll() is None
-    finally:
-        receiver.stop()
+    audit = finished_audit_with_callback(receiver.url)
+    row = Delivery.objects.create(
+        audit=audit, event="audit.finished", url=receiver.url, task_id=str(uuid.uuid4())
+    )
+    entry = delayed.Entry("webhooks.deliver", "webhooks", row.task_id, [str(row.id)])
+    wake_through_delayed_store(entry, private_redis)
+    wait_for(
+        lambda: receiver.count(200) == 1,
+        timeout=60,
+        message="a delivery woken after the restart",
+        show=[worker],
+    )
+    assert worker.process.poll() is None
 
 
 @pytest.mark.parametrize("queue", ["audits", "reaudit", "webhooks"])

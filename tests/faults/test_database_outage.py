@@ -2,95 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import threading
 
 import httpx
 import pytest
-from django.db import connection
 
 from audits import submission
 from audits.models import Audit
-from config import devservices
 from outbound.urls import normalize_url
-from tests.faults.test_redis_restart import WebProcess
-from tests.workers import database_url_for_workers, wait_for
+from tests.faults.outages import WebProcess, via
+from tests.workers import wait_for
 
 pytestmark = [pytest.mark.slow]
-
-
-class CuttableProxy:
-    """A TCP proxy to the database that can drop every connection and refuse new ones."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        self.port = devservices.free_port()
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.open = threading.Event()
-        self.open.set()
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.open.is_set():
-                client.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            with self.lock:
-                self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source, sink):
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self):
-        self.open.clear()
-        with self.lock:
-            for s in self.sockets:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            self.sockets.clear()
-
-    def restore(self):
-        self.open.set()
-
-    def close(self):
-        self.cut()
-        self.listener.close()
-
-
-@pytest.fixture
-def db_proxy(transactional_db):
-    if connection.vendor != "postgresql":
-        pytest.skip("the database outage test needs PostgreSQL (SQLite is a file, not a server)")
-    db = connection.settings_dict
-    proxy = CuttableProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
-    yield proxy
-    proxy.close()
-
-
-def via(proxy: CuttableProxy) -> str:
-    return database_url_for_workers().replace(
-        f":{connection.settings_dict['PORT'] or 5432}/", f":{proxy.port}/"
-    )
 
 
 def test_healthz_reports_the_database_and_recovers(db_proxy):

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bench.pgcluster import PgCluster
-from tests.faults.test_redis_restart import WebProcess
+from tests.faults.outages import WebProcess
 from tests.workers import ROOT, wait_for
 
 pytestmark = pytest.mark.slow

@@ -8,19 +8,13 @@ starts a fresh, empty one on the same port.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from audits import submission
 from audits.models import Audit, Page
-from config import devservices
-from config.celery_app import app
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from reaudit.models import FanOut, Placement
@@ -36,37 +30,6 @@ pytestmark = pytest.mark.slow
 
 # A tick every half second, so a test sees recovery in seconds (the default is 15 s).
 RECONCILING_FAST = {"RECONCILE_INTERVAL_SECONDS": "0.5"}
-
-
-class PrivateRedis:
-    def __init__(self):
-        self.port = devservices.free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-forgets-"))
-        self.process = devservices.start_redis(self.port, self.data_dir)
-
-    def restart_empty(self, *, down_seconds: float = 3.0) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        time.sleep(down_seconds)  # the outage itself: what the test is about
-        self.process = devservices.start_redis(self.port, self.data_dir)
-
-    def publish(self, task: str, args: list, *, task_id: str, queue: str) -> None:
-        """Publish as the web process would, to this Redis."""
-        with app.connection_for_write(self.url) as connection:
-            app.send_task(task, args=args, task_id=task_id, queue=queue, connection=connection)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def private_redis():
-    server = PrivateRedis()
-    yield server
-    server.stop()
 
 
 def fresh_workers_beside(*starts):
@@ -85,42 +48,39 @@ def wait_for_the_first_mark(*workers) -> None:
 
 
 def test_twenty_waiting_webhook_deliveries_all_arrive_after_redis_came_back_empty(
-    start_worker, private_redis
+    start_worker, private_redis, http_server
 ):
     receiver_up = threading.Event()
-    receiver = Receiver(lambda at, number: 200 if receiver_up.is_set() else 503).start()
-    try:
-        worker = start_webhooks_worker(
-            start_worker, REDIS_URL=private_redis.url, WEBHOOK_BACKOFF_BASE_SECONDS=8,
-            **RECONCILING_FAST,
-        )  # fmt: skip
-        wait_for_the_first_mark(worker)
-        deliveries = []
-        for number in range(20):
-            delivery, _ = deliver.create_delivery(
-                finished_audit_with_callback(receiver.url, number=number).id
-            )
-            private_redis.publish("webhooks.deliver", [str(delivery.id)],
-                                  task_id=delivery.task_id, queue="webhooks")  # fmt: skip
-            deliveries.append(delivery)
-        # The receiver is down: every delivery fails (or is parked by the breaker) and waits
-        # for its next attempt, in the delayed store.
-        wait_for(
-            lambda: Delivery.objects.filter(status=Delivery.Status.RETRYING).count() == 20,
-            timeout=30, message="twenty deliveries waiting", show=[worker],
-        )  # fmt: skip
+    receiver = http_server(Receiver(lambda at, number: 200 if receiver_up.is_set() else 503))
+    worker = start_webhooks_worker(
+        start_worker, REDIS_URL=private_redis.url, WEBHOOK_BACKOFF_BASE_SECONDS=8,
+        **RECONCILING_FAST,
+    )  # fmt: skip
+    wait_for_the_first_mark(worker)
+    deliveries = []
+    for number in range(20):
+        delivery, _ = deliver.create_delivery(
+            finished_audit_with_callback(receiver.url, number=number).id
+        )
+        private_redis.publish("webhooks.deliver", [str(delivery.id)],
+                              task_id=delivery.task_id, queue="webhooks")  # fmt: skip
+        deliveries.append(delivery)
+    # The receiver is down: every delivery fails (or is parked by the breaker) and waits
+    # for its next attempt, in the delayed store.
+    wait_for(
+        lambda: Delivery.objects.filter(status=Delivery.Status.RETRYING).count() == 20,
+        timeout=30, message="twenty deliveries waiting", show=[worker],
+    )  # fmt: skip
 
-        private_redis.restart_empty()
-        receiver_up.set()
+    private_redis.restart_empty()
+    receiver_up.set()
 
-        wait_for(
-            lambda: Delivery.objects.filter(status=Delivery.Status.DELIVERED).count() == 20,
-            timeout=60, message="all twenty delivered", show=[worker],
-        )  # fmt: skip
-        arrived = {r.webhook_id for r in receiver.requests if r.status == 200}
-        assert arrived == {f"msg_{d.id.hex}" for d in deliveries}
-    finally:
-        receiver.stop()
+    wait_for(
+        lambda: Delivery.objects.filter(status=Delivery.Status.DELIVERED).count() == 20,
+        timeout=60, message="all twenty delivered", show=[worker],
+    )  # fmt: skip
+    arrived = {r.webhook_id for r in receiver.requests if r.status == 200}
+    assert arrived == {f"msg_{d.id.hex}" for d in deliveries}
 
 
 def test_forty_accepted_audits_all_succeed_after_redis_came_back_empty(

@@ -8,54 +8,23 @@ died with Redis are published again by the reconciler (jobs.reconcile).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-import httpx
 import pytest
 
 from audits.models import Audit
-from config import devservices
 from jobs.models import ReconcileMark
-from tests.workers import ROOT, database_url_for_workers, wait_for
+from tests.faults.outages import WebProcess
+from tests.workers import database_url_for_workers, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-class WebProcess:
-    def __init__(self, env: dict):
-        self.port = devservices.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-             f"127.0.0.1:{self.port}", "--workers", "1", "--no-control-socket"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for(self._answers, timeout=30, message="gunicorn to answer")
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/api/schema", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def submit(self, url: str) -> httpx.Response:
-        return httpx.post(f"{self.url}/api/audits", json={"url": url}, timeout=10)
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(timeout=15)
-
-
-def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transactional_db):
-    port = devservices.free_port()
-    data_dir = Path(tempfile.mkdtemp(prefix="plumb-redis-restart-"))
-    redis_url = f"redis://127.0.0.1:{port}/0"
+def test_a_redis_restart_loses_no_accepted_audit(
+    site, start_worker, transactional_db, private_redis
+):
+    redis_url = private_redis.url
     env = {**os.environ, "DEBUG": "true", "REDIS_URL": redis_url, "DATABASE_URL": database_url_for_workers(),
            "AUDIT_ALLOW_PRIVATE_TARGETS": "true"}  # fmt: skip
-    redis = devservices.start_redis(port, data_dir)
     web = WebProcess(env)
     try:
         start_worker("audits", env={"REDIS_URL": redis_url, "RECONCILE_INTERVAL_SECONDS": "0.5"})
@@ -65,15 +34,14 @@ def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transaction
         # Queued behind it (one process, prefetch 1): these messages live only in Redis.
         queued = [web.submit(f"{site.base_url}/noindex?n={n}").json() for n in range(2)]
 
-        redis.terminate()
-        redis.wait(timeout=10)
+        private_redis.stop()
         refused = web.submit(f"{site.base_url}/noindex?during=outage")
         assert refused.status_code == 503
         assert refused.json()["error"] == "admission_unavailable"
         assert "Retry-After" in refused.headers
         assert Audit.objects.count() == 3  # the refused submission wrote nothing
 
-        redis = devservices.start_redis(port, data_dir)  # back, and empty
+        private_redis.start()  # back, and empty
         wait_for(lambda: Audit.objects.get(id=running["id"]).status == "succeeded", timeout=30,
                  message="the running audit to finish")  # fmt: skip
 
@@ -90,5 +58,3 @@ def test_a_redis_restart_loses_no_accepted_audit(site, start_worker, transaction
         assert all(a.attempts >= 1 for a in Audit.objects.all())
     finally:
         web.stop()
-        redis.terminate()
-        redis.wait(timeout=10)

@@ -22,7 +22,7 @@ import pytest
 
 from audits.models import Audit
 from config.devservices import SentinelGroup, free_port
-from tests.faults.test_redis_restart import WebProcess
+from tests.faults.outages import WebProcess
 from tests.workers import ROOT, database_url_for_workers, wait_for
 
 pytestmark = pytest.mark.slow

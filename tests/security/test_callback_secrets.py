@@ -60,17 +60,12 @@ def test_a_key_rotation_re_encrypts_with_the_new_key(settings):
 
 # attempt_delivery hands its connection back during the POST: no test transaction around it.
 @pytest.mark.django_db(transaction=True)
-def test_a_submission_s_secret_is_dropped_once_its_delivery_succeeded(redis_client):
-    hook = Receiver().start()
-    try:
-        audit = make_audit(
-            status=Audit.Status.SUCCEEDED, callback_url=hook.url, callback_secret=SECRET
-        )
-        delivery, created = deliver.create_delivery(audit.id)
-        assert created
-        assert deliver.run_delivery(str(delivery.id)) == deliver.Outcome.DELIVERED
-    finally:
-        hook.stop()
+def test_a_submission_s_secret_is_dropped_once_its_delivery_succeeded(redis_client, http_server):
+    hook = http_server(Receiver())
+    audit = make_audit(status=Audit.Status.SUCCEEDED, callback_url=hook.url, callback_secret=SECRET)
+    delivery, created = deliver.create_delivery(audit.id)
+    assert created
+    assert deliver.run_delivery(str(delivery.id)) == deliver.Outcome.DELIVERED
     assert hook.count(200) == 1
     assert stored("audits_audit", audit.id) == ""
     # The page's secret stays: it signs every later `audit.changed`.

@@ -18,6 +18,7 @@ from audits.api.auth import issue_token
 from audits.models import ApiToken, Audit, Page
 from config.env import env_named_secrets
 from devstack.demo_site import DEMO_PATHS
+from tests.submitting import post_audit
 from tests.webhook_helpers import SECRET
 from webhooks import deliver
 from webhooks.models import Delivery
@@ -53,9 +54,7 @@ def submit(api: APIClient, url: str, callback: str | None = CALLBACK) -> dict:
     body = {"url": url}
     if callback:
         body |= {"callback_url": callback, "callback_secret": SECRET}
-    response = api.post("/api/audits", data=json.dumps(body), content_type="application/json")
-    assert response.status_code == 202, response.content
-    return response.json()
+    return post_audit(api, body, expect=202).json()
 
 
 def patch(api: APIClient, page_id: str, body: dict):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -18,28 +16,15 @@ pytestmark = pytest.mark.django_db
 FORGED = "2026-12-04T10:00:00.000+00:00 INFO webhooks.tasks webhook.delivered delivery_id=forged"
 
 
-class _Refusing(BaseHTTPRequestHandler):
+@pytest.fixture
+def refusing_receiver(http_server):
     """A receiver that refuses every delivery with a body that imitates a log line."""
 
-    def log_message(self, format, *args):
-        pass
+    def refuse(request):
+        request.body()
+        return 400, {}, f"no thanks\n{FORGED}\r\n\x1b[2Kcleared".encode()
 
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = f"no thanks\n{FORGED}\r\n\x1b[2Kcleared".encode()
-        self.send_response(400)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-@pytest.fixture
-def refusing_receiver():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
-    server.shutdown()
-    server.server_close()
+    return f"{http_server(respond=refuse).url}/hook"
 
 
 def log_output(as_json: bool, emit) -> str:
