@@ -355,6 +355,9 @@ PAGE_FETCH_PER_HOST_CONCURRENCY = env_int("PAGE_FETCH_PER_HOST_CONCURRENCY", 8, 
 PAGE_FETCH_WARMUP_RATE = env_float("PAGE_FETCH_WARMUP_RATE", 2.0, minimum=0)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
+# A nightly re-audit sends the validators of the page's last succeeded audit (ETag,
+# Last-Modified); a 304 carries that result forward (audits.services). False: full fetches.
+AUDIT_CONDITIONAL_REAUDITS = env_bool("AUDIT_CONDITIONAL_REAUDITS", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 # Plumb's own PostgreSQL or Redis away: a job waits without spending an attempt, backing
