@@ -398,6 +398,13 @@ LINKCHECK_BROKEN_FRESH_SECONDS = env_float("LINKCHECK_BROKEN_FRESH_SECONDS", 360
 # A link found broken is checked once more this long after, before it is reported
 # broken (one bad answer is not a broken link); 0: reported at once.
 LINKCHECK_BROKEN_RECHECK_SECONDS = env_float("LINKCHECK_BROKEN_RECHECK_SECONDS", 10.0, minimum=0)
+# A host's robots.txt (audits.robots) is read once per this long, shared by every worker:
+# RFC 9309 asks for no more than a day. One that answered 429, 5xx or nothing (unreachable:
+# every link on the host is held back) is asked again after ROBOTS_UNREACHABLE_SECONDS.
+ROBOTS_FRESH_SECONDS = env_float("ROBOTS_FRESH_SECONDS", 86400.0, minimum=0)
+ROBOTS_UNREACHABLE_SECONDS = env_float("ROBOTS_UNREACHABLE_SECONDS", 600.0, minimum=0)
+# A robots.txt `Crawl-delay` spaces a host's link checks by at most this many seconds.
+ROBOTS_MAX_CRAWL_DELAY_SECONDS = env_float("ROBOTS_MAX_CRAWL_DELAY_SECONDS", 30.0, minimum=0)
 
 GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
 GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")
