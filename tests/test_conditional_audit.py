@@ -78,9 +78,7 @@ def test_last_modified_alone_is_enough(page, redis_client):
     assert again.result["not_modified"] is True
 
 
-def test_a_304_never_reports_a_security_header_missing_because_it_left_it_out(
-    page, redis_client
-):
+def test_a_304_never_reports_a_security_header_missing_because_it_left_it_out(page, redis_client):
     # The 200 sent every security header; the 304 sends only its validators.
     page.state.headers = dict(SECURITY_HEADERS)
     audit_now(page.url)
