@@ -62,20 +62,19 @@ def previous_success(page_id: int, audit_id: str):
     )
 
 
-def validators_to_send(audit_id: str, claimed: ClaimedAudit) -> Validators | None:
-    """A nightly re-audit's validators: those its page's last succeeded audit stored, if
-    that result was made by this analysis (RESULT_FORMAT). An audit a client submitted
+def revalidation(audit_id: str, claimed: ClaimedAudit) -> tuple[Validators, dict] | None:
+    """What a nightly re-audit may revalidate: the validators its page's last succeeded
+    audit stored, with that result (carried forward on a 304), if the result was made by
+    this analysis (RESULT_FORMAT). One query; None for an audit a client submitted, which
     always fetches in full: it asked to see the page as it is now."""
     if not settings.AUDIT_CONDITIONAL_REAUDITS or claimed.trigger != Audit.Trigger.REAUDIT:
         return None
-    stored = (
-        previous_success(claimed.page_id, audit_id)
-        .values_list("result__validators", flat=True)
-        .first()
-    )
+    previous = previous_success(claimed.page_id, audit_id).values_list("result", flat=True).first()
+    stored = previous.get("validators") if isinstance(previous, dict) else None
     if not isinstance(stored, dict) or stored.get("format") != RESULT_FORMAT:
         return None
-    return Validators.from_json(stored)
+    validators = Validators.from_json(stored)
+    return None if validators is None else (validators, previous)
 
 
 def with_validators(result: dict, page: FetchedPage) -> dict:
@@ -131,21 +130,14 @@ def execute_audit(
     claimed = claim_audit(audit_id, attempt=attempt)
     if claimed is None:
         return []
-    validators = validators_to_send(audit_id, claimed)
+    revalidating = revalidation(audit_id, claimed)
+    validators, previous = revalidating or (None, None)
     try:
         fetched = fetch(claimed.url, resume=resume, validators=validators)
-        previous = None
-        if validators is not None and fetched.not_modified:
-            previous = (
-                previous_success(claimed.page_id, audit_id).values_list("result", flat=True).first()
-            )
-            if previous is None:
-                # The result the validators came from is gone (pruned meanwhile): in full.
-                fetched = fetch(claimed.url, resume=resume, validators=None)
     except Permanent as exc:
         Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return []
-    if previous is not None:
+    if previous is not None and fetched.not_modified:
         result = not_modified_result(previous, fetched, validators)
     else:
         result = with_validators(audit_result(fetched), fetched)
