@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -59,13 +59,34 @@ def _info(row: RobotsTxt) -> RobotsInfo:
     )
 
 
+# The files this process read last, by origin, with the `fetched_at` they were read at: a
+# host's links are checked one after the other, and a file may be 500 KiB.
+_recent: dict[str, tuple[datetime, RobotsInfo]] = {}
+RECENT_MAX = 1024
+
+
 def stored(origin: str, *, fresh_only: bool = True) -> RobotsInfo | None:
     """The origin's robots.txt as stored, if it was ever read (and is fresh, by default)."""
     rows = RobotsTxt.objects.filter(origin=origin).exclude(availability="")
     if fresh_only:
         rows = rows.filter(fresh_until__gt=timezone.now())
-    row = rows.only("origin", "status_code", "body", "availability", "truncated", "error").first()
-    return None if row is None else _info(row)
+    fetched_at = rows.values_list("fetched_at", flat=True).first()
+    if fetched_at is None:
+        return None
+    recent = _recent.get(origin)
+    if recent is not None and recent[0] == fetched_at:
+        return recent[1]
+    row = (
+        rows.filter(fetched_at=fetched_at)
+        .only("origin", "status_code", "body", "availability", "truncated", "error")
+        .first()
+    )
+    if row is None:
+        return None  # read again meanwhile: the caller claims or waits
+    if len(_recent) >= RECENT_MAX:
+        _recent.clear()
+    info = _recent[origin] = (fetched_at, _info(row))
+    return info[1]
 
 
 def current(origin: str) -> RobotsInfo | None:
