@@ -15,7 +15,9 @@ had not finished (rate-limited ones with their retry time).
 A link that answers broken is checked once more LINKCHECK_BROKEN_RECHECK_SECONDS later
 before its outcome is recorded: one bad answer is not a broken link.
 
-Each check calls `outbound.integrations.links` (the GET or GitHub's API, the per-host
+Each check reads its host's robots.txt first (`audits.robots`: once per host per
+ROBOTS_FRESH_SECONDS, shared; a disallowed link is `blocked_by_robots`, not requested),
+then calls `outbound.integrations.links` (the GET or GitHub's API, the per-host
 slots, admission) in the turn of a client waiting on it (client_turn); this module keeps
 the rows and the audits' join. Nothing here loads
 an audit's result but its finish.
@@ -37,13 +39,14 @@ from django.db.models import CharField, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from audits import robots
 from audits.models import LINK_CHECK_JOB, Audit, LinkCheck, SharedLink
 from jobs.errors import Transient, WaitTooLong
 from jobs.sweeps import Sweep
 from outbound import hostslots
 from outbound.hostslots import SlotLimit
 from outbound.integrations.github import GitHubClient, GitHubCredentials
-from outbound.integrations.links import LinkOutcome, check_url
+from outbound.integrations.links import LinkOutcome, check_url, github_repository
 from outbound.urls import InvalidURL, normalize_url
 
 log = logging.getLogger(__name__)
@@ -79,8 +82,13 @@ def fresh(now: datetime) -> Q:
     """Shared links whose outcome may be used now (on SharedLink)."""
     working_since = now - timedelta(seconds=settings.LINKCHECK_FRESH_SECONDS)
     broken_since = now - timedelta(seconds=settings.LINKCHECK_BROKEN_FRESH_SECONDS)
-    # A rate-limited link was not checked at all: asked again as soon as a broken one.
-    unanswered = (LinkCheck.Status.BROKEN, LinkCheck.Status.RATE_LIMITED)
+    # A rate-limited link was not checked at all, nor one robots.txt held back: asked again
+    # as soon as a broken one (a blocked one's verdict comes from the stored robots.txt).
+    unanswered = (
+        LinkCheck.Status.BROKEN,
+        LinkCheck.Status.RATE_LIMITED,
+        LinkCheck.Status.BLOCKED_BY_ROBOTS,
+    )
     return Q(checked_at__gte=working_since) & ~Q(status__in=unanswered) | Q(
         checked_at__gte=broken_since, status__in=unanswered
     )
@@ -222,7 +230,7 @@ def run_shared_check(
     github = GitHubClient(credentials) if credentials else None
     try:
         with client_turn(shared_link_id):
-            outcome = check_url(url, github=github, resume=resume)
+            outcome = check_link(url, github=github, resume=resume)
     finally:
         if github is not None:
             github.close()
@@ -245,6 +253,20 @@ def run_shared_check(
         )
     record_shared_outcome(shared_link_id, task_id, outcome)
     return outcome
+
+
+def check_link(url: str, *, github: GitHubClient | None, resume: dict | None) -> LinkOutcome:
+    """The link's origin's robots.txt first (audits.robots): a link it disallows is
+    reported `blocked_by_robots`, not requested; one it allows is checked at its
+    Crawl-delay. A repository GitHub's API answers for asks the site nothing."""
+    if github is not None and github_repository(url) is not None:
+        return check_url(url, github=github, resume=resume)
+    verdict = robots.link_verdict(url)
+    if verdict is None:
+        return check_url(url, github=github, resume=resume)
+    if not verdict.allowed:
+        return LinkOutcome(LinkCheck.Status.BLOCKED_BY_ROBOTS, detail=verdict.detail)
+    return check_url(url, github=github, resume=resume, crawl_delay=verdict.crawl_delay)
 
 
 def waiting_clients(shared_link_id: int) -> list[str]:

@@ -367,6 +367,31 @@ LINK_CHECK_JOB = Job(
 )
 
 
+class RobotsTxt(models.Model):
+    """An origin's robots.txt as last read, shared by every worker (audits.robots): read
+    once per ROBOTS_FRESH_SECONDS (ROBOTS_UNREACHABLE_SECONDS when it could not be), by
+    the one worker whose claim (`claim_token`, until `claimed_until`) took the stale row."""
+
+    origin = models.CharField(max_length=2048, unique=True)
+    # outbound.integrations.robots: rules, unavailable (all allowed), unreachable (none); "" unread.
+    availability = models.CharField(max_length=16, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.TextField(blank=True, help_text="A 2xx's text: its first 500 KiB.")
+    truncated = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    fetched_at = models.DateTimeField(null=True, blank=True)
+    fresh_until = models.DateTimeField(null=True, blank=True)
+    claim_token = models.CharField(max_length=32, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "robots.txt"
+        verbose_name_plural = "robots.txt files"
+
+    def __str__(self) -> str:
+        return f"{self.origin}/robots.txt ({self.availability or 'unread'})"
+
+
 class LinkCheck(models.Model):
     """One outbound link of an audited page: its outcome is its SharedLink's, copied in."""
 
@@ -380,6 +405,8 @@ class LinkCheck(models.Model):
         # with the time it may be asked again (`retry_at`).
         RATE_LIMITED = "rate_limited"
         SKIPPED = "skipped"
+        # Not requested: its origin's robots.txt disallows it, or is unreachable for now.
+        BLOCKED_BY_ROBOTS = "blocked_by_robots"
 
     # Still to run: queued, or deferred until a rate limit lets it call out.
     UNFINISHED = (Status.QUEUED, Status.RATE_LIMITED_PENDING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -18,13 +19,25 @@ from audits.analysis import audit_result
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import AUDIT_JOB, Audit
 from jobs.errors import Permanent, WaitTooLong
-from outbound.integrations.page import fetch_page
+from outbound.integrations.page import FetchedPage, Validators, fetch_page
 
 log = logging.getLogger(__name__)
 
+# The shape of `audit_result`'s fields. A 304 carries a previous result forward only when
+# it has this format: change it whenever the analysis reads something new from a page,
+# so no page keeps an older analysis's result for as long as it does not change.
+RESULT_FORMAT = 1
 
-def claim_audit(audit_id: str, *, attempt: int | None = None) -> str | None:
-    """Begin the audit's attempt (AUDIT_JOB.claim) and return its page's URL; None if it
+
+@dataclass(frozen=True)
+class ClaimedAudit:
+    url: str
+    page_id: int
+    trigger: str
+
+
+def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | None:
+    """Begin the audit's attempt (AUDIT_JOB.claim) and return its page; None if it
     is finished, gone, or checking its links (a redelivery leaves that be)."""
     try:
         claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="")
@@ -34,7 +47,73 @@ def claim_audit(audit_id: str, *, attempt: int | None = None) -> str | None:
     if not claimed:
         log.info("audit.skipped", extra={"audit_id": audit_id, "reason": "finished or missing"})
         return None
-    return Audit.objects.filter(id=audit_id).values_list("page__url", flat=True).get()
+    url, page_id, trigger = (
+        Audit.objects.filter(id=audit_id).values_list("page__url", "page_id", "trigger").get()
+    )
+    return ClaimedAudit(url, page_id, trigger)
+
+
+def previous_success(page_id: int, audit_id: str):
+    """The page's latest succeeded audit but this one (the rows `Audit.objects.finish` compares)."""
+    return (
+        Audit.objects.filter(page_id=page_id, status=Audit.Status.SUCCEEDED)
+        .exclude(id=audit_id)
+        .order_by("-finished_at")
+    )
+
+
+def revalidation(audit_id: str, claimed: ClaimedAudit) -> tuple[Validators, dict] | None:
+    """What a nightly re-audit may revalidate: the validators its page's last succeeded
+    audit stored, with that result (carried forward on a 304), if the result was made by
+    this analysis (RESULT_FORMAT). One query; None for an audit a client submitted, which
+    always fetches in full: it asked to see the page as it is now."""
+    if not settings.AUDIT_CONDITIONAL_REAUDITS or claimed.trigger != Audit.Trigger.REAUDIT:
+        return None
+    previous = previous_success(claimed.page_id, audit_id).values_list("result", flat=True).first()
+    stored = previous.get("validators") if isinstance(previous, dict) else None
+    if not isinstance(stored, dict) or stored.get("format") != RESULT_FORMAT:
+        return None
+    validators = Validators.from_json(stored)
+    return None if validators is None else (validators, previous)
+
+
+def with_validators(result: dict, page: FetchedPage) -> dict:
+    validators = page.validators
+    if validators is not None:
+        result["validators"] = {**validators.as_json(), "format": RESULT_FORMAT}
+    return result
+
+
+def not_modified_result(previous: dict, page: FetchedPage, sent: Validators) -> dict:
+    """The previous result carried forward through a 304 (RFC 9111 4.3.4: the stored
+    response, freshened by the 304's headers). What the page says is unchanged; the
+    fetch's own figures are this one's; the link checks run again (audits.linkcheck).
+
+    Security headers the 304 sends are read from it; one it leaves out (a 304 need only
+    send its validators and caching headers) keeps its previous state, never "missing".
+    """
+    result = {key: value for key, value in previous.items() if key not in ("links", "link_check")}
+    result.update(
+        requested_url=page.requested_url,
+        redirects=page.redirects,
+        ttfb_ms=page.ttfb_ms,
+        total_ms=page.total_ms,
+        not_modified=True,
+        revalidated_status_code=page.status_code,
+        missing_security_headers=[
+            name
+            for name in previous.get("missing_security_headers") or []
+            if name not in page.headers
+        ],  # fmt: skip
+    )
+    renewed = Validators.of(sent.url, page.headers)
+    validators = Validators(
+        sent.url,
+        renewed.etag if renewed and renewed.etag else sent.etag,
+        renewed.last_modified if renewed and renewed.last_modified else sent.last_modified,
+    )
+    result["validators"] = {**validators.as_json(), "format": RESULT_FORMAT}
+    return result
 
 
 def execute_audit(
@@ -48,26 +127,36 @@ def execute_audit(
     links moves on to `checking_links`; the last check (or the deadline sweep)
     finishes the audit.
     """
-    url = claim_audit(audit_id, attempt=attempt)
-    if url is None:
+    claimed = claim_audit(audit_id, attempt=attempt)
+    if claimed is None:
         return []
+    revalidating = revalidation(audit_id, claimed)
+    validators, previous = revalidating or (None, None)
     try:
-        fetched = fetch_page(
-            url,
-            timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS,
-            max_bytes=settings.AUDIT_MAX_PAGE_BYTES,
-            user_agent=settings.AUDIT_USER_AGENT,
-            allow_private=settings.AUDIT_ALLOW_PRIVATE_TARGETS,
-            resume=resume,
-        )
+        fetched = fetch(claimed.url, resume=resume, validators=validators)
     except Permanent as exc:
         Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return []
-    result = audit_result(fetched)
+    if previous is not None and fetched.not_modified:
+        result = not_modified_result(previous, fetched, validators)
+    else:
+        result = with_validators(audit_result(fetched), fetched)
     started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
     return queued
+
+
+def fetch(url: str, *, resume: dict | None, validators: Validators | None) -> FetchedPage:
+    return fetch_page(
+        url,
+        timeout=settings.AUDIT_FETCH_TIMEOUT_SECONDS,
+        max_bytes=settings.AUDIT_MAX_PAGE_BYTES,
+        user_agent=settings.AUDIT_USER_AGENT,
+        allow_private=settings.AUDIT_ALLOW_PRIVATE_TARGETS,
+        resume=resume,
+        validators=validators,
+    )
 
 
 def end_rate_limited(audit_id: str, error: WaitTooLong) -> None:

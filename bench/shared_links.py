@@ -3,8 +3,9 @@
 
     .venv/bin/python bench/shared_links.py --flush-redis          # 10,000 pages, a few minutes
 
-What it starts: one HTTP server on 127.0.0.1 that every link points at (it counts the
-requests per path), a database of its own (DATABASE_URL's name plus `_links_bench`, created and
+What it starts: one HTTP server per site, each on its own loopback address (127.0.0.2,
+127.0.0.3, ...: one origin per site, as on the web), that the site's links point at (they
+count the requests per path, and each origin's robots.txt requests apart), a database of its own (DATABASE_URL's name plus `_links_bench`, created and
 dropped like the test suite's), and the audits workers as `make run` starts them
 (AUDITS_WORKER_PROCESSES x AUDITS_WORKER_POOL x AUDITS_WORKER_CONCURRENCY) on the Redis
 at REDIS_URL, which it empties (it refuses one that holds keys unless --flush-redis).
@@ -19,8 +20,10 @@ the others the page's own.
 
 Night 1 starts with no link checked; night 2 audits every page again within the
 freshness window. Reported per night: requests, distinct links, requests per distinct
-link, audits that report every link finished. Goals: night 1 at most 1.05 requests per
-distinct link, and every audit of both nights reports every link.
+link, audits that report every link finished, and robots.txt requests (each origin's is
+read before its links are checked, audits.robots). Goals: night 1 at most 1.05 requests
+per distinct link, robots.txt counted apart at most once per origin in the freshness
+window (both nights together), and every audit of both nights reports every link.
 
 The per-host politeness (LINKCHECK_PER_HOST_RATE, 1 a second by default) is raised here,
 since every link is on one local server: it bounds the time a night takes, not the
@@ -72,6 +75,18 @@ from audits.tasks import enqueue_link_checks  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
+# Every site's robots.txt: Plumb's group may check everything but /private.
+ROBOTS_TXT = b"User-agent: *\nDisallow: /private\n"
+
+
+class Tally:
+    """What every site's server was asked: link paths (per origin) and robots.txt reads."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.hits: Counter[str] = Counter()
+        self.robots: Counter[str] = Counter()
+
 
 class LinkTargets(ThreadingHTTPServer):
     daemon_threads = True
@@ -80,10 +95,9 @@ class LinkTargets(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         pass  # a worker stopped with a kept-alive connection open
 
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), TargetHandler)
-        self.lock = threading.Lock()
-        self.hits: Counter[str] = Counter()
+    def __init__(self, address: str, tally: Tally):
+        super().__init__((address, 0), TargetHandler)
+        self.tally = tally
 
     @property
     def base_url(self) -> str:
@@ -93,17 +107,28 @@ class LinkTargets(ThreadingHTTPServer):
 
 class TargetHandler(QuietHandler):
     def do_GET(self):
-        with self.server.lock:
-            self.server.hits[self.path] += 1
+        tally = self.server.tally
+        if self.path == "/robots.txt":
+            with tally.lock:
+                tally.robots[self.server.base_url] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(ROBOTS_TXT)))
+            self.end_headers()
+            self.wfile.write(ROBOTS_TXT)
+            return
+        with tally.lock:
+            tally.hits[self.server.base_url + self.path] += 1
         self.send_html(200, b"<!doctype html><title>Target</title>")
 
 
-def site_links(base: str, args) -> dict[int, list[str]]:
-    """Each page's links: the site's shared ones, then the page's own."""
+def site_links(bases: list[str], args) -> dict[int, list[str]]:
+    """Each page's links, on its site's origin: the site's shared ones, then the page's own."""
     pages_per_site = args.pages // args.sites
     links = {}
     for number in range(pages_per_site * args.sites):
         site, page = divmod(number, pages_per_site)
+        base = bases[site]
         shared = [f"{base}/site{site}/footer/{k}" for k in range(args.shared)]
         own = [f"{base}/site{site}/page{page}/link/{k}" for k in range(args.links - args.shared)]
         links[number] = shared + own
@@ -134,9 +159,10 @@ def start_audit(page_id: int, links: list[str]) -> None:
         close_old_connections()
 
 
-def night(name: str, page_ids: list[int], links: dict[int, list[str]], args, server) -> dict:
-    hits_before = sum(server.hits.values())
-    distinct_before = len(server.hits)
+def night(name: str, page_ids: list[int], links: dict[int, list[str]], args, tally) -> dict:
+    hits_before = sum(tally.hits.values())
+    distinct_before = len(tally.hits)
+    robots_before = sum(tally.robots.values())
     order = list(range(len(page_ids)))
     random.Random(name).shuffle(order)
     started = time.monotonic()
@@ -155,7 +181,7 @@ def night(name: str, page_ids: list[int], links: dict[int, list[str]], args, ser
         entries = result["links"]
         if len(entries) == args.links and all(e.get("finished", True) for e in entries):
             complete += 1
-    requests = sum(server.hits.values()) - hits_before
+    requests = sum(tally.hits.values()) - hits_before
     listed = args.links * len(page_ids)
     distinct = len({url for page_links in links.values() for url in page_links})
     return {
@@ -165,7 +191,9 @@ def night(name: str, page_ids: list[int], links: dict[int, list[str]], args, ser
         "distinct_links": distinct,
         "requests": requests,
         "requests_per_distinct_link": round(requests / distinct, 3),
-        "new_paths_requested": len(server.hits) - distinct_before,
+        "new_paths_requested": len(tally.hits) - distinct_before,
+        "origins": args.sites,
+        "robots_txt_requests": sum(tally.robots.values()) - robots_before,
         "audits_reporting_every_link": complete,
         "broken_or_unfinished_checks": LinkCheck.objects.filter(audit__in=audits)
         .exclude(status="ok")
@@ -201,8 +229,12 @@ def main() -> int:
         f"{connection.settings_dict['NAME']}_links_bench"
     )
     old_config = setup_databases(verbosity=0, interactive=False)
-    server = LinkTargets()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if args.sites > 250:
+        raise SystemExit("one loopback address per site: at most 250 sites")
+    tally = Tally()
+    servers = [LinkTargets(f"127.0.0.{site + 2}", tally) for site in range(args.sites)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = [
         WorkerProcess(
             "audits",
@@ -217,15 +249,16 @@ def main() -> int:
         for worker in workers:
             worker.start(timeout=60)
         page_ids = make_pages(args)
-        links = site_links(server.base_url, args)
+        links = site_links([server.base_url for server in servers], args)
         for name in ("night 1", "night 2")[: args.nights]:
-            rows.append(night(name, page_ids, links, args, server))
+            rows.append(night(name, page_ids, links, args, tally))
             print(rows[-1], flush=True)
     finally:
         for worker in workers:
             worker.stop()
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
         client.flushdb()
         teardown_databases(old_config, verbosity=0)
 
@@ -239,12 +272,18 @@ def main() -> int:
     print(" | ".join(columns))
     for row in rows:
         print(" | ".join(str(row[c]) for c in columns))
+    most_robots = max(tally.robots.values(), default=0)
     without_sharing = first["links_listed"] / first["distinct_links"]
     print(f"\n(each audit checking its own links would send {without_sharing:.2f} per link)")
     goals = [
         (
             f"night 1: at most 1.05 requests per distinct link ({first['requests_per_distinct_link']})",
             first["requests_per_distinct_link"] <= 1.05,
+        ),
+        (
+            f"robots.txt at most once per origin in the window ({most_robots} at most, "
+            f"{sum(tally.robots.values())} for {args.sites} origins)",
+            most_robots <= 1,
         ),
         (
             "every audit of both nights reports every link",

@@ -355,6 +355,9 @@ PAGE_FETCH_PER_HOST_CONCURRENCY = env_int("PAGE_FETCH_PER_HOST_CONCURRENCY", 8, 
 PAGE_FETCH_WARMUP_RATE = env_float("PAGE_FETCH_WARMUP_RATE", 2.0, minimum=0)
 AUDIT_USER_AGENT = env_str("AUDIT_USER_AGENT", "Plumb/0.1 (+https://github.com/plumb-audits/plumb)")
 REAUDIT_NEW_PAGES = env_bool("REAUDIT_NEW_PAGES", True)
+# A nightly re-audit sends the validators of the page's last succeeded audit (ETag,
+# Last-Modified); a 304 carries that result forward (audits.services). False: full fetches.
+AUDIT_CONDITIONAL_REAUDITS = env_bool("AUDIT_CONDITIONAL_REAUDITS", True)
 RETRY_BACKOFF_BASE_SECONDS = env_float("RETRY_BACKOFF_BASE_SECONDS", 1.0, minimum=0.01)
 RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 60.0, minimum=0.01)
 # Plumb's own PostgreSQL or Redis away: a job waits without spending an attempt, backing
@@ -395,6 +398,13 @@ LINKCHECK_BROKEN_FRESH_SECONDS = env_float("LINKCHECK_BROKEN_FRESH_SECONDS", 360
 # A link found broken is checked once more this long after, before it is reported
 # broken (one bad answer is not a broken link); 0: reported at once.
 LINKCHECK_BROKEN_RECHECK_SECONDS = env_float("LINKCHECK_BROKEN_RECHECK_SECONDS", 10.0, minimum=0)
+# A host's robots.txt (audits.robots) is read once per this long, shared by every worker:
+# RFC 9309 asks for no more than a day. One that answered 429, 5xx or nothing (unreachable:
+# every link on the host is held back) is asked again after ROBOTS_UNREACHABLE_SECONDS.
+ROBOTS_FRESH_SECONDS = env_float("ROBOTS_FRESH_SECONDS", 86400.0, minimum=0)
+ROBOTS_UNREACHABLE_SECONDS = env_float("ROBOTS_UNREACHABLE_SECONDS", 600.0, minimum=0)
+# A robots.txt `Crawl-delay` spaces a host's link checks by at most this many seconds.
+ROBOTS_MAX_CRAWL_DELAY_SECONDS = env_float("ROBOTS_MAX_CRAWL_DELAY_SECONDS", 30.0, minimum=0)
 
 GITHUB_API_URL = env_str("GITHUB_API_URL", "https://api.github.com").rstrip("/")
 GITHUB_APP_ID = env_str("GITHUB_APP_ID", "")

@@ -104,10 +104,19 @@ class SlotLimit:
     # False: a caller finding every slot busy raises RateLimited at once (retry_at None,
     # unless the rate spaces it), so its job is deferred instead of polling in its thread.
     wait_inline: bool = True
+    # Slower rates for some names ((name, rate) pairs): a host whose robots.txt asks for a
+    # Crawl-delay (outbound.integrations.robots). Never faster than `rate`.
+    name_rates: tuple[tuple[str, float], ...] = ()
 
     @property
     def limits_anything(self) -> bool:
-        return self.concurrency > 0 or bool(self.rate)
+        return self.concurrency > 0 or bool(self.rate) or bool(self.name_rates)
+
+    def rate_for(self, name: str) -> float | None:
+        for slower_name, rate in self.name_rates:
+            if slower_name == name:
+                return min(rate, self.rate) if self.rate else rate
+        return self.rate
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,8 @@ def _keys(limit: SlotLimit, name: str) -> list[str]:
 
 def try_acquire(limit: SlotLimit, name: str, token: str) -> Attempt:
     """Take one of `name`'s slots for `token`, if the limit allows it now."""
-    interval = 1.0 / limit.rate if limit.rate else 0.0
+    rate = limit.rate_for(name)
+    interval = 1.0 / rate if rate else 0.0
     warmup_interval = 1.0 / limit.warmup_rate if limit.warmup_rate else 0.0
     taken, wait_ms, now_ms = ACQUIRE(
         keys=_keys(limit, name),
@@ -185,7 +195,7 @@ def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:
         return f"{name} has not answered lately: {limit.warmup_rate:g} call(s) a second"
     if attempt.wait is None:
         return f"{name} is busy with {limit.concurrency} call(s) in flight"
-    return f"{name} may start {limit.rate:g} call(s) a second"
+    return f"{name} may start {limit.rate_for(name):g} call(s) a second"
 
 
 @contextlib.contextmanager

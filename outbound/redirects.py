@@ -74,18 +74,29 @@ class RedirectChain:
             ]
         return chain
 
-    def follow(self, outbound: OutboundClient, *, deadline: float) -> httpx.Response:
+    def follow(
+        self,
+        outbound: OutboundClient,
+        *,
+        deadline: float,
+        headers_for: dict[str, dict[str, str]] | None = None,
+    ) -> httpx.Response:
         """The first answer that is not a redirect, streamed and open: the caller closes it.
 
-        `deadline` (time.monotonic()) bounds the whole chain. Raises TooManyRedirects,
-        UnfollowableRedirect, DeadlinePassed, and whatever `outbound.send` raises.
+        `deadline` (time.monotonic()) bounds the whole chain. `headers_for` adds headers
+        to the hop of one URL (a conditional request's validators belong to the URL that
+        gave them). Raises TooManyRedirects, UnfollowableRedirect, DeadlinePassed, and
+        whatever `outbound.send` raises.
         """
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlinePassed(f"no time left to fetch {self.current}")
             request = outbound.http.build_request(
-                "GET", self.current, timeout=httpx.Timeout(remaining)
+                "GET",
+                self.current,
+                timeout=httpx.Timeout(remaining),
+                headers=(headers_for or {}).get(self.current),
             )
             try:
                 response = outbound.send(request, stream=True, deadline=deadline)

@@ -340,6 +340,13 @@ class LinkedPageHandler(QuietHandler):
     def do_GET(self):
         server: LinkedPage = self.server
         path = urlsplit(self.path).path
+        if path == "/robots.txt":
+            # Counted apart from the link targets' arrivals: tests count link requests.
+            with server.lock:
+                server.robots_requests += 1
+            if server.robots is None:
+                return self._send(b"<!doctype html><title>Not found</title>", status=404)
+            return self._send(server.robots.encode(), content_type="text/plain")
         if path == "/":
             anchors = "".join(f"<li><a href='{url}'>{url}</a></li>" for url in server.links)
             return self._send(f"<!doctype html><title>Links</title><ul>{anchors}</ul>".encode())
@@ -359,9 +366,9 @@ class LinkedPageHandler(QuietHandler):
             return
         self._send(b"<!doctype html><title>Target</title>")
 
-    def _send(self, body: bytes):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+    def _send(self, body: bytes, *, status: int = 200, content_type: str = "text/html"):
+        self.send_response(status)
+        self.send_header("Content-Type", f"{content_type}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -369,13 +376,21 @@ class LinkedPageHandler(QuietHandler):
 
 class LinkedPage(LocalServer):
     """`/` links to `links`; every other path is a link target that records its arrivals
-    (and, with `redirect_to`, redirects to the same path there)."""
+    (and, with `redirect_to`, redirects to the same path there). `/robots.txt` serves
+    `robots` (404 when None), counted in `robots_requests`, not in the arrivals."""
 
     def __init__(
-        self, links: list[str] | None = None, *, delay: float = 0.0, redirect_to: str = ""
+        self,
+        links: list[str] | None = None,
+        *,
+        delay: float = 0.0,
+        redirect_to: str = "",
+        robots: str | None = None,
     ):
         super().__init__(LinkedPageHandler)
         self.links = list(links or [])
+        self.robots = robots
+        self.robots_requests = 0
         self.delay = delay
         self.redirect_to = redirect_to
         self.lock = threading.Lock()

@@ -9,6 +9,7 @@ across every worker. Outcome statuses are the values of
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import time
@@ -25,12 +26,13 @@ from outbound.hostslots import SlotLimit, call_lease
 from outbound.integrations.github import GitHubClient
 from outbound.redirects import RedirectChain, TooManyRedirects, UnfollowableRedirect
 from outbound.statuses import Answer, classify_status, unwanted_answer
-from outbound.urls import InvalidURL
+from outbound.urls import InvalidURL, origin_key
 
 OK = "ok"
 REDIRECTED = "redirected"
 BROKEN = "broken"
 SKIPPED = "skipped"
+BLOCKED_BY_ROBOTS = "blocked_by_robots"  # its origin's robots.txt says no (audits.robots)
 
 GITHUB_WEB_HOSTS = {"github.com", "www.github.com"}
 # github.com/<owner>/<repo>, optionally with a trailing slash or .git: a repository.
@@ -54,12 +56,20 @@ class LinkOutcome:
     detail: str = ""
 
 
-def link_check_slots() -> SlotLimit:
+def link_check_slots(*, crawl_delays: dict[str, float] | None = None) -> SlotLimit:
+    """The link checks' per-host slots; `crawl_delays` ({origin: seconds}, from robots.txt)
+    space those origins' checks further (up to ROBOTS_MAX_CRAWL_DELAY_SECONDS)."""
+    longest = settings.ROBOTS_MAX_CRAWL_DELAY_SECONDS
     return SlotLimit(
         "links",
         concurrency=settings.LINKCHECK_PER_HOST_CONCURRENCY,
         rate=settings.LINKCHECK_PER_HOST_RATE,
         lease=call_lease(settings.AUDIT_FETCH_TIMEOUT_SECONDS),
+        name_rates=tuple(
+            (origin, 1.0 / min(delay, longest))
+            for origin, delay in (crawl_delays or {}).items()
+            if delay > 0 and longest > 0
+        ),
     )
 
 
@@ -75,16 +85,21 @@ def github_repository(url: str) -> tuple[str, str] | None:
 
 
 def check_url(
-    url: str, *, github: GitHubClient | None = None, resume: dict | None = None
+    url: str,
+    *,
+    github: GitHubClient | None = None,
+    resume: dict | None = None,
+    crawl_delay: float | None = None,
 ) -> LinkOutcome:
     """Check one link. Raises RateLimited (defer) or Transient (retry).
 
-    `resume` is where a deferred check of the link had got to (`RateLimited.resume`).
+    `resume` is where a deferred check of the link had got to (`RateLimited.resume`);
+    `crawl_delay` the link's origin's robots.txt Crawl-delay, if it has one.
     """
     repository = github_repository(url) if github is not None else None
     if repository is not None:
         return check_github_repository(github, *repository)
-    return check_http(url, resume=resume)
+    return check_http(url, resume=resume, crawl_delay=crawl_delay)
 
 
 def check_github_repository(github: GitHubClient, owner: str, name: str) -> LinkOutcome:
@@ -106,7 +121,7 @@ def check_github_repository(github: GitHubClient, owner: str, name: str) -> Link
     return LinkOutcome(OK, github=facts)
 
 
-def _does_not_resolve(exc: BaseException) -> bool:
+def does_not_resolve(exc: BaseException) -> bool:
     """A name that does not exist, as opposed to a resolver that failed for now."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -116,14 +131,21 @@ def _does_not_resolve(exc: BaseException) -> bool:
     return False
 
 
-def check_http(url: str, *, resume: dict | None = None) -> LinkOutcome:
+def check_http(
+    url: str, *, resume: dict | None = None, crawl_delay: float | None = None
+) -> LinkOutcome:
     """GET the link (no body read), following up to five redirects, host by host politely;
     from the hop a deferred check had reached, given its `resume`. A hop whose host is
-    busy raises RateLimited saying where the chain got to."""
+    busy raises RateLimited saying where the chain got to. `crawl_delay` spaces the
+    link's own origin's checks (its robots.txt's Crawl-delay)."""
     timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
     chain = RedirectChain.resumed(url, resume)
     http = shared_client(timeout=timeout)
-    outbound = OutboundClient(http, slots=link_check_slots())
+    delays = None
+    if crawl_delay:
+        with contextlib.suppress(InvalidURL):
+            delays = {origin_key(url): crawl_delay}
+    outbound = OutboundClient(http, slots=link_check_slots(crawl_delays=delays))
     try:
         response = chain.follow(outbound, deadline=time.monotonic() + timeout)
     except TargetNotAllowed as exc:
@@ -138,7 +160,7 @@ def check_http(url: str, *, resume: dict | None = None) -> LinkOutcome:
     except httpx.TimeoutException as exc:
         raise Transient(f"timed out after {timeout:g}s checking {chain.current}") from exc
     except httpx.TransportError as exc:
-        if _does_not_resolve(exc):
+        if does_not_resolve(exc):
             return LinkOutcome(BROKEN, final_url=chain.current, detail="host does not resolve")
         raise Transient(f"could not check {chain.current}: {exc}") from exc
     response.close()

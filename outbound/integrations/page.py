@@ -35,6 +35,41 @@ def page_fetch_slots(timeout: float) -> SlotLimit:
     )
 
 
+@dataclass(frozen=True)
+class Validators:
+    """A response's validators, for a later conditional request to the same URL."""
+
+    url: str
+    etag: str = ""
+    last_modified: str = ""
+
+    @classmethod
+    def of(cls, url: str, headers: httpx.Headers) -> Validators | None:
+        found = cls(url, headers.get("etag", ""), headers.get("last-modified", ""))
+        return found if found.etag or found.last_modified else None
+
+    @classmethod
+    def from_json(cls, data) -> Validators | None:
+        if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+            return None
+        etag, modified = data.get("etag") or "", data.get("last_modified") or ""
+        if not (isinstance(etag, str) and isinstance(modified, str) and (etag or modified)):
+            return None
+        return cls(data["url"], etag, modified)
+
+    def as_json(self) -> dict:
+        return {"url": self.url, "etag": self.etag, "last_modified": self.last_modified}
+
+    def request_headers(self) -> dict[str, dict[str, str]]:
+        """{url: headers}: If-None-Match and If-Modified-Since (RFC 9110 13.1)."""
+        headers = {}
+        if self.etag:
+            headers["If-None-Match"] = self.etag
+        if self.last_modified:
+            headers["If-Modified-Since"] = self.last_modified
+        return {self.url: headers}
+
+
 @dataclass
 class FetchedPage:
     requested_url: str
@@ -46,6 +81,17 @@ class FetchedPage:
     ttfb_ms: float
     total_ms: float
     redirects: list[dict] = field(default_factory=list)
+
+    @property
+    def not_modified(self) -> bool:
+        return self.status_code == 304
+
+    @property
+    def validators(self) -> Validators | None:
+        """What a later fetch may send to ask whether the page changed: a success's only."""
+        if not 200 <= self.status_code < 300:
+            return None
+        return Validators.of(self.final_url, self.headers)
 
     @property
     def content_type(self) -> str:
@@ -68,6 +114,7 @@ def fetch_page(
     user_agent: str,
     allow_private: bool,
     resume: dict | None = None,
+    validators: Validators | None = None,
 ) -> FetchedPage:
     """Fetch `url`, following up to five redirects, within `timeout` seconds in all;
     from the hop a deferred fetch had reached, given its `resume` (`RateLimited.resume`).
@@ -81,6 +128,9 @@ def fetch_page(
     observations first: a host that asked us to wait longer than an inline wait
     raises RateLimited. A forbidden address, a redirect loop or a redirect to
     something unfetchable raises Permanent.
+
+    `validators` (an earlier fetch's ETag and Last-Modified) make the request to their
+    URL conditional: a `304 Not Modified` comes back as such, with no body.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -93,7 +143,11 @@ def fetch_page(
     )
     try:
         outbound = OutboundClient(client, slots=page_fetch_slots(timeout))
-        response = chain.follow(outbound, deadline=deadline)
+        response = chain.follow(
+            outbound,
+            deadline=deadline,
+            headers_for=validators.request_headers() if validators else None,
+        )
     except TargetNotAllowed as exc:
         raise Permanent(f"refused to fetch {chain.current}: {exc}") from exc
     except TooManyRedirects as exc:

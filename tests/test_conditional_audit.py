@@ -1,0 +1,137 @@
+"""A nightly re-audit asks whether the page changed (ETag, Last-Modified): a 304 carries the
+previous result forward instead of downloading and parsing the page again."""
+
+from __future__ import annotations
+
+import pytest
+
+from audits.models import Audit
+from tests.changing_page import SECURITY_HEADERS, ChangingPage
+from tests.test_audit_changes import audit_now
+
+pytestmark = pytest.mark.django_db
+
+REAUDIT = Audit.Trigger.REAUDIT
+
+
+@pytest.fixture
+def page():
+    server = ChangingPage().start()
+    server.state.etag = '"v1"'
+    server.state.last_modified = "Sat, 05 Dec 2026 10:00:00 GMT"
+    yield server
+    server.stop()
+
+
+def conditional_headers(request: dict) -> dict:
+    lowered = {name.lower(): value for name, value in request.items()}
+    return {
+        name: lowered[name] for name in ("if-none-match", "if-modified-since") if name in lowered
+    }
+
+
+def test_a_reaudit_of_an_unchanged_page_sends_the_validators_and_carries_the_result_forward(
+    page, redis_client
+):
+    page.state.title = "Unchanged"
+    first = audit_now(page.url)
+    assert first.result["validators"]["etag"] == '"v1"'
+    assert "not_modified" not in first.result
+
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert conditional_headers(page.requests[-1]) == {
+        "if-none-match": '"v1"',
+        "if-modified-since": "Sat, 05 Dec 2026 10:00:00 GMT",
+    }
+    assert again.result["not_modified"] is True
+    assert again.result["revalidated_status_code"] == 304
+    assert again.result["status_code"] == 200  # the page's status: the 304 confirms it
+    assert again.result["title"] == "Unchanged"
+    assert again.result["missing_security_headers"] == []
+    assert again.changes == []
+
+    # The next night revalidates with what the carried-forward result kept.
+    third = audit_now(page.url, trigger=REAUDIT)
+    assert third.result["not_modified"] is True
+    assert conditional_headers(page.requests[-1])["if-none-match"] == '"v1"'
+
+
+def test_a_changed_page_is_fetched_and_read_in_full(page, redis_client):
+    audit_now(page.url)
+    page.state.etag = '"v2"'
+    page.state.title = "Changed"
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert conditional_headers(page.requests[-1])["if-none-match"] == '"v1"'
+    assert "not_modified" not in again.result
+    assert again.result["title"] == "Changed"
+    assert again.result["validators"]["etag"] == '"v2"'
+    assert [change["field"] for change in again.changes] == ["title"]
+
+
+def test_last_modified_alone_is_enough(page, redis_client):
+    page.state.etag = ""
+    audit_now(page.url)
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert conditional_headers(page.requests[-1]) == {
+        "if-modified-since": "Sat, 05 Dec 2026 10:00:00 GMT"
+    }
+    assert again.result["not_modified"] is True
+
+
+def test_a_304_never_reports_a_security_header_missing_because_it_left_it_out(page, redis_client):
+    # The 200 sent every security header; the 304 sends only its validators.
+    page.state.headers = dict(SECURITY_HEADERS)
+    audit_now(page.url)
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    assert again.result["missing_security_headers"] == []
+    assert again.changes == [] and again.got_worse is False
+
+
+def test_a_security_header_the_304_sends_is_read_from_it(page, redis_client):
+    page.state.headers = {}
+    first = audit_now(page.url)
+    assert "content-security-policy" in first.result["missing_security_headers"]
+    page.state.not_modified_headers = {"Content-Security-Policy": "default-src 'self'"}
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    assert "content-security-policy" not in again.result["missing_security_headers"]
+    assert "referrer-policy" in again.result["missing_security_headers"]  # not sent: as before
+    (change,) = again.changes
+    assert change["field"] == "missing_security_headers"
+    assert change["removed"] == ["content-security-policy"]
+
+
+def test_an_audit_a_client_submits_always_fetches_in_full(page, redis_client):
+    audit_now(page.url)
+    again = audit_now(page.url)
+    assert conditional_headers(page.requests[-1]) == {}
+    assert "not_modified" not in again.result
+
+
+def test_conditional_reaudits_can_be_turned_off(page, settings, redis_client):
+    settings.AUDIT_CONDITIONAL_REAUDITS = False
+    audit_now(page.url)
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert conditional_headers(page.requests[-1]) == {}
+    assert "not_modified" not in again.result
+
+
+def test_a_result_of_another_analysis_format_is_not_carried_forward(
+    page, monkeypatch, redis_client
+):
+    audit_now(page.url)
+    monkeypatch.setattr("audits.services.RESULT_FORMAT", 2)  # the analysis changed since
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert conditional_headers(page.requests[-1]) == {}
+    assert "not_modified" not in again.result
+
+
+def test_an_unchanged_page_still_has_its_links_checked(page, site, redis_client):
+    page.state.links = [f"{site.base_url}/", f"{site.base_url}/missing"]
+    audit_now(page.url)
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    statuses = {link["url"]: link["status"] for link in again.result["links"]}
+    assert statuses == {f"{site.base_url}/": "ok", f"{site.base_url}/missing": "broken"}
+    assert again.result["link_check"]["total"] == 2
