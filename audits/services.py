@@ -63,7 +63,10 @@ def execute_audit(
     except Permanent as exc:
         Audit.objects.finish(audit_id, status=Audit.Status.FAILED, error=str(exc))
         return []
-    result = audit_result(fetched)
+    # The robots.txt call site: the page's host's robots.txt (audits.findings.RobotsTxt:
+    # status, body) for the robots-txt and is-crawlable findings. None until the
+    # robots.txt store is wired in: robots-txt is then not applicable.
+    result = audit_result(fetched, robots=None)
     started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
