@@ -134,6 +134,7 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
         for node in tree.css("head meta")
     ]
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
+    head_links += header_links(page)
     anchors = tree.css("a")
     return [
         is_crawlable(head_metas, page, robots),
@@ -401,7 +402,32 @@ class LinkElement:
     rel: str  # the whole attribute, lower-cased (Lighthouse compares it whole)
     href_raw: str
     hreflang: str
-    node: LexborNode
+    node: LexborNode | None  # None for a `Link:` header
+
+
+_LINK_VALUE = re.compile(r'<([^>]*)>((?:\s*;\s*[^;,=\s]+(?:\s*=\s*(?:"[^"]*"|[^;,]*))?)*)')
+_LINK_PARAMETER = re.compile(r';\s*([^;,=\s]+)(?:\s*=\s*("[^"]*"|[^;,]*))?')
+
+
+def header_links(page: PageInfo) -> list[LinkElement]:
+    """The links of the page's `Link:` headers (canonical, alternates), as Lighthouse
+    reads them with the DOM's `<head>` links."""
+    links = []
+    for value in page.header_values("link"):
+        for match in _LINK_VALUE.finditer(value):
+            parameters = {
+                name.lower(): (raw or "").strip().strip('"')
+                for name, raw in _LINK_PARAMETER.findall(match[2])
+            }
+            links.append(
+                LinkElement(
+                    rel=parameters.get("rel", "").lower(),
+                    href_raw=match[1],
+                    hreflang=parameters.get("hreflang", ""),
+                    node=None,
+                )
+            )
+    return links
 
 
 def _link_element(node: LexborNode) -> LinkElement:
