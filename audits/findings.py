@@ -592,9 +592,16 @@ def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
         if href_attribute is None:
             failing.append(snippet(node))
             continue
-        if _JAVASCRIPT_VOID.search(raw_href) or _join(page_url, raw_href) is None:
+        if _JAVASCRIPT_VOID.search(raw_href) or (_may_not_parse(raw_href)
+                                                  and _join(page_url, raw_href) is None):  # fmt: skip
             failing.append(snippet(node))
     return finding("crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {})
+
+
+def _may_not_parse(href: str) -> bool:
+    """Whether `new URL(href, base)` can throw for an http(s) base: only with a scheme
+    (a colon) or a host (two leading slashes, either way round); a path never does."""
+    return ":" in href or href[:2].replace("\\", "/") == "//"
 
 
 def _in_svg(node: LexborNode) -> bool:
