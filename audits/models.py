@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from audits.changes import compare, got_worse
+from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
