@@ -191,11 +191,12 @@ def analyze_html(
 
     The page is read the way a browser reads it: a WHATWG parser (Lexbor, scripting on)
     builds its tree, the fields (`tree_fields`) and the findings (audits.findings) are
-    read off it. Tree construction is quadratic in nesting depth in every WHATWG parser,
-    so a streaming pass first measures the depth (`DepthGauge`: libxml2's HTML parser fed
-    a chunk at a time, no tree); a page nested deeper than AUDIT_MAX_TREE_DEPTH is read
-    by the streaming `PageReader` instead, and its tree-based checks are not applicable
-    (`too_deep`). Either way what the result holds is bounded (AUDIT_MAX_LINKS,
+    read off it. A tree costs memory by element (about 0.8 KB each) and its construction
+    is quadratic in nesting depth in every WHATWG parser, so a streaming pass first
+    measures both (`DepthGauge`: libxml2's HTML parser fed a chunk at a time, no tree); a
+    page nested deeper than AUDIT_MAX_TREE_DEPTH or holding more than
+    AUDIT_MAX_TREE_ELEMENTS elements is read by the streaming `PageReader` instead, and
+    its tree-based checks are not applicable (`too_deep`, `too_many_elements`). Either way what the result holds is bounded (AUDIT_MAX_LINKS,
     MAX_TEXT_LENGTH, MAX_URL_LENGTH, audits.findings.FINDING_MAX_ITEMS).
     """
     sniffed = sniff_encoding(body, charset)
@@ -203,7 +204,8 @@ def analyze_html(
     chunks = list(decoded_chunks(body, sniffed))
     depth = DepthGauge()
     _stream(chunks, depth)
-    if depth.max_depth > settings.AUDIT_MAX_TREE_DEPTH:
+    too = _too_big_for_a_tree(depth)
+    if too:
         reader = PageReader(page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
         _stream(chunks, reader)
         findings = [
@@ -211,7 +213,7 @@ def analyze_html(
             robots_txt(robots),
             *(
                 finding
-                for finding in not_checked("too_deep")
+                for finding in not_checked(too)
                 if finding["id"] not in ("http-status-code", "robots-txt")
             ),
         ]
@@ -238,14 +240,26 @@ def _stream(chunks: list[str], target) -> None:
             parser.close()
 
 
+def _too_big_for_a_tree(gauge: DepthGauge) -> str | None:
+    """Why the page gets no tree ("too_deep", "too_many_elements"), or None."""
+    if gauge.max_depth > settings.AUDIT_MAX_TREE_DEPTH:
+        return "too_deep"
+    if gauge.elements > settings.AUDIT_MAX_TREE_ELEMENTS:
+        return "too_many_elements"
+    return None
+
+
 class DepthGauge:
-    """An lxml parser target measuring how deep the page's elements nest."""
+    """An lxml parser target measuring how deep the page's elements nest and how many
+    there are: what a tree of the page would cost, before building it."""
 
     def __init__(self):
         self.depth = 0
         self.max_depth = 0
+        self.elements = 0
 
     def start(self, tag: str, attrib) -> None:
+        self.elements += 1
         self.depth += 1
         if self.depth > self.max_depth:
             self.max_depth = self.depth

@@ -342,3 +342,12 @@ def test_a_page_nested_past_the_bound_is_read_without_a_tree(settings):
         "id": "document-title", "outcome": "not_applicable", "severity": "medium",
         "details": {"reason": "too_deep"},
     }  # fmt: skip
+
+
+def test_a_page_of_more_elements_than_the_bound_is_read_without_a_tree(settings):
+    settings.AUDIT_MAX_TREE_ELEMENTS = 50
+    html = "<title>Many</title>" + "<p>x</p>" * 60 + '<a href="https://x.example/">here</a>'
+    result = analyze_html(html.encode(), base_url=PAGE)
+    by_id = {item["id"]: item for item in result["findings"]}
+    assert result["external_links"] == ["https://x.example/"]
+    assert by_id["link-text"]["details"] == {"reason": "too_many_elements"}
