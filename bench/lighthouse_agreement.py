@@ -39,7 +39,10 @@ CACHE = ROOT / "var" / "lighthouse"
 LIGHTHOUSE_VERSION = "12.2.3"
 LIGHTHOUSE = CACHE / "node_modules" / ".bin" / "lighthouse"
 CHROME = shutil.which("chromium") or "/usr/bin/chromium"
-PORTS = {"corpus": 38470, "main": 38471, "errors": 38472, "missing": 38473, "down": 38474}
+PORTS = {
+    name: int(os.environ.get("LIGHTHOUSE_BENCH_PORT", "38470")) + offset
+    for offset, name in enumerate(("corpus", "main", "errors", "missing", "down"))
+}
 VERDICTS = {"pass": "pass", "fail": "fail", "na": "not_applicable"}
 
 
@@ -67,6 +70,24 @@ class Site(http.server.ThreadingHTTPServer):
     @property
     def origin(self) -> str:
         return f"http://127.0.0.1:{PORTS[self.name]}"
+
+
+class ServedElsewhere:
+    """A site whose port another run of this bench already serves (same pages)."""
+
+    def __init__(self, name: str, pages: dict, robots: tuple[int, str] | None):
+        self.name, self.pages, self.robots = name, pages, robots
+        self.origin = f"http://127.0.0.1:{PORTS[name]}"
+
+    def serve_forever(self):
+        pass
+
+
+def site(name: str, pages: dict, robots: tuple[int, str] | None):
+    try:
+        return Site(name, pages, robots)
+    except OSError:  # in use: a running bench serves it (a --cached-only look meanwhile)
+        return ServedElsewhere(name, pages, robots)
 
 
 class SiteHandler(http.server.BaseHTTPRequestHandler):
@@ -97,7 +118,7 @@ def build_sites() -> list[Site]:
     from tests.html_corpus import corpus_pages
 
     corpus = {f"/{name}": (body, 200, []) for name, body in corpus_pages().items()}
-    sites = [Site("corpus", corpus, (404, "not found"))]
+    sites = [site("corpus", corpus, (404, "not found"))]
     for name, robots in ROBOTS.items():
         origin = f"http://127.0.0.1:{PORTS[name]}"
         pages = {
@@ -105,9 +126,9 @@ def build_sites() -> list[Site]:
             for (site, path), (html, status, headers) in PAGES.items()
             if site == name
         }
-        sites.append(Site(name, pages, robots))
-    for site in sites:
-        threading.Thread(target=site.serve_forever, daemon=True).start()
+        sites.append(site(name, pages, robots))
+    for each in sites:
+        threading.Thread(target=each.serve_forever, daemon=True).start()
     return sites
 
 
@@ -120,9 +141,11 @@ def served_key(site: Site, path: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def lighthouse_verdicts(site: Site, path: str) -> dict[str, str] | str:
+def lighthouse_verdicts(site: Site, path: str, *, run: bool = True) -> dict[str, str] | str:
     """{check: pass|fail|not_applicable} from Lighthouse, or the run's error."""
     report_path = CACHE / "reports" / f"{served_key(site, path)}.json"
+    if not report_path.exists() and not run:
+        return "not run (--cached-only)"
     if not report_path.exists():
         report_path.parent.mkdir(parents=True, exist_ok=True)
         run = subprocess.run(
@@ -173,7 +196,7 @@ def plumb_findings(site: Site, path: str) -> dict[str, dict]:
     return {item["id"]: item for item in audit_result(page, robots=robots)["findings"]}
 
 
-def agreement(jobs: int, only: str | None) -> None:
+def agreement(jobs: int, only: str | None, cached_only: bool = False) -> None:
     from audits.findings import LIGHTHOUSE_CHECK_IDS
 
     install_lighthouse()
@@ -188,7 +211,9 @@ def agreement(jobs: int, only: str | None) -> None:
           flush=True)  # fmt: skip
     started = time.monotonic()
     with ThreadPoolExecutor(jobs) as pool:
-        theirs = list(pool.map(lambda target: lighthouse_verdicts(*target), targets))
+        theirs = list(
+            pool.map(lambda target: lighthouse_verdicts(*target, run=not cached_only), targets)
+        )
     print(f"Lighthouse: {time.monotonic() - started:.0f} s", flush=True)
     pairs = agreed = 0
     disagreements, errors = [], []
@@ -295,13 +320,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="Lighthouse runs at once")
     parser.add_argument("--only", help="only pages whose URL contains this")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="compare only pages whose Lighthouse report is cached")
     args = parser.parse_args()
     os.environ.setdefault("DEBUG", "true")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
-    agreement(args.jobs, args.only)
+    agreement(args.jobs, args.only, args.cached_only)
     if not args.skip_cpu:
         cpu_cost()
     return 0

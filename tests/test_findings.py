@@ -275,6 +275,9 @@ def test_link_text(anchor, expected):
         ('<img src="5.png" hidden>', "not_applicable"),
         ('<img src="6.png" aria-hidden="true">', "not_applicable"),
         ('<div style="display:none"><img src="6.png"></div>', "not_applicable"),
+        # An ancestor hidden by any of the ways: Lexbor's `:not(:is(a, b) *)` missed some.
+        ('<div aria-hidden="true"><a><img src="6.png"></a></div>', "not_applicable"),
+        ('<div hidden><img src="6.png"></div><img src="7.png" alt="x">', "pass"),
         ('<noscript><img src="n.png"></noscript>', "not_applicable"),
         ("<p>no image</p>", "not_applicable"),
     ],
