@@ -39,10 +39,8 @@ CACHE = ROOT / "var" / "lighthouse"
 LIGHTHOUSE_VERSION = "12.2.3"
 LIGHTHOUSE = CACHE / "node_modules" / ".bin" / "lighthouse"
 CHROME = shutil.which("chromium") or "/usr/bin/chromium"
-PORTS = {
-    name: int(os.environ.get("LIGHTHOUSE_BENCH_PORT", "38470")) + offset
-    for offset, name in enumerate(("corpus", "main", "errors", "missing", "down"))
-}
+# Fixed ports: a page's absolute URLs (its canonical) are part of what Lighthouse saw.
+PORTS = {"corpus": 38470, "main": 38471, "errors": 38472, "missing": 38473, "down": 38474}
 VERDICTS = {"pass": "pass", "fail": "fail", "na": "not_applicable"}
 
 
