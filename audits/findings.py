@@ -136,6 +136,7 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
     head_links += header_links(page)
     anchors = tree.css("a")
+    hidden = {node.mem_id: node for node in tree.css(_HIDDEN_OR_UNRENDERED)}
     return [
         is_crawlable(head_metas, page, robots),
         http_status_code(page.status_code),
@@ -145,8 +146,8 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
         hreflang(head_links),
         robots_txt(robots),
         crawlable_anchors(anchors, page.final_url),
-        link_text(tree, anchors, page.final_url),
-        image_alt(tree),
+        link_text(anchors, page.final_url, hidden),
+        image_alt(tree, hidden),
         viewport(head_metas),
         mixed_content(tree, page.final_url),
         structured_data(tree),
@@ -615,11 +616,11 @@ def _in_svg(node: LexborNode) -> bool:
     return False
 
 
-def link_text(tree: LexborHTMLParser, anchors: list[LexborNode], page_url: str) -> dict:
+def link_text(anchors: list[LexborNode], page_url: str, hidden: dict[int, LexborNode]) -> dict:
     """link-text.js: a followed link (an href, no `nofollow` in rel, not javascript:,
     mailto: or the page itself) whose text is one of Lighthouse's non-descriptive
     phrases ("click here", "more", "aquí", ...)."""
-    with_hidden_text = _anchors_holding_hidden_elements(tree)
+    with_hidden_text = _anchors_holding(hidden)
     page = page_url.partition("#")[0]
     failing = []
     for node in anchors:
@@ -644,12 +645,15 @@ def link_text(tree: LexborHTMLParser, anchors: list[LexborNode], page_url: str) 
     return finding("link-text", FAIL if failing else PASS, _items(failing) if failing else {})
 
 
-def _anchors_holding_hidden_elements(tree: LexborHTMLParser) -> set[int]:
+def _anchors_holding(hidden: dict[int, LexborNode]) -> set[int]:
     """The anchors (by node id) with a descendant that innerText leaves out."""
     holders = set()
-    selector = f"a {HIDDEN.replace(', ', ', a ')}, a script, a style, a template, a noscript"
-    for hidden in tree.css(selector):
-        parent = hidden.parent
+    for node in hidden.values():
+        if node.attributes.get("aria-hidden") == "true" and not _hidden(node) and (
+            node.tag not in NOT_RENDERED_TAGS
+        ):
+            continue  # aria-hidden hides from screen readers only, not from innerText
+        parent = node.parent
         while parent is not None and parent.tag not in ("body", "html"):
             if parent.tag == "a":
                 holders.add(parent.mem_id)
@@ -690,21 +694,18 @@ def _hidden(node: LexborNode) -> bool:
 
 # Hidden from screen readers (axe's excludeHidden): the element or an ancestor.
 _SCREEN_READER_HIDDEN = f'{HIDDEN}, [aria-hidden="true"]'
-# One `:not()` a selector: Lexbor 3.1 drops all but one member of `:not(:is(a, b) *)`.
-_HIDDEN_SELECTORS = [part.strip() for part in _SCREEN_READER_HIDDEN.split(", ")]
-_VISIBLE_IMAGES = "img" + "".join(
-    f":not({selector}):not({selector} *)" for selector in _HIDDEN_SELECTORS
-)
+# Found once a page (one query), for both image-alt and link-text.
+_HIDDEN_OR_UNRENDERED = f"{_SCREEN_READER_HIDDEN}, script, style, template, noscript"
 # Roles that need no accessible name from the img (axe's no-explicit-name-required-matches
 # keeps imgs with no role, role none/presentation, or a role that needs a name).
 _NAMELESS_ROLES = {"none", "presentation"}
 
 
-def image_alt(tree: LexborHTMLParser) -> dict:
+def image_alt(tree: LexborHTMLParser, hidden: dict[int, LexborNode]) -> dict:
     """axe's image-alt: every img visible to screen readers has an alt attribute (not
     whitespace only), a non-empty aria-label, aria-labelledby text or title, or role
     none/presentation; not applicable without such an img."""
-    images = tree.css(_VISIBLE_IMAGES)
+    images = [node for node in tree.css("img") if not _within(node, hidden)]
     if not images:
         return finding("image-alt", NOT_APPLICABLE)
     failing = []
@@ -725,6 +726,17 @@ def image_alt(tree: LexborHTMLParser) -> dict:
             continue
         failing.append(snippet(node))
     return finding("image-alt", FAIL if failing else PASS, _items(failing) if failing else {})
+
+
+def _within(node: LexborNode, hidden: dict[int, LexborNode]) -> bool:
+    """The node or an ancestor is hidden (or not rendered: a template's, a noscript's)."""
+    if not hidden:
+        return False
+    while node is not None:
+        if node.mem_id in hidden:
+            return True
+        node = node.parent
+    return False
 
 
 def _labelled_by_text(tree: LexborHTMLParser, ids: str | None) -> bool:
@@ -752,13 +764,11 @@ def viewport(head_metas: list) -> dict:
     return finding("viewport", FAIL, {"reason": "no_width_or_initial_scale", "content": _clip(content)})
 
 
-# Subresources a browser loads (and blocks or upgrades on an https page) from these.
+# Subresources a browser loads (and blocks or upgrades on an https page), one query.
 _SUBRESOURCES = (
-    ("img[src], script[src], iframe[src], audio[src], video[src], source[src], "
-     "embed[src], track[src], input[type=image i][src]", "src"),
-    ("link[href]", "href"),
-    ("object[data]", "data"),
-)  # fmt: skip
+    "img[src], script[src], iframe[src], audio[src], video[src], source[src], embed[src], "
+    "track[src], input[src], link[href], object[data]"
+)
 _SUBRESOURCE_LINK_RELS = {"stylesheet", "icon", "preload", "modulepreload", "manifest"}
 
 
@@ -768,15 +778,24 @@ def mixed_content(tree: LexborHTMLParser, page_url: str) -> dict:
     if not page_url.startswith("https:"):
         return finding("mixed-content", NOT_APPLICABLE)
     insecure = []
-    for selector, attribute in _SUBRESOURCES:
-        for node in tree.css(selector):
-            if attribute == "href" and not (
-                set((node.attributes.get("rel") or "").lower().split()) & _SUBRESOURCE_LINK_RELS
-            ):
+    for node in tree.css(_SUBRESOURCES):
+        attributes = node.attributes
+        if node.tag == "link":
+            if not set((attributes.get("rel") or "").lower().split()) & _SUBRESOURCE_LINK_RELS:
                 continue
-            url = _join(page_url, (node.attributes.get(attribute) or "").strip())
-            if url is not None and url.startswith("http:"):
-                insecure.append(url)
+            value = attributes.get("href")
+        elif node.tag == "object":
+            value = attributes.get("data")
+        elif node.tag == "input" and (attributes.get("type") or "").lower() != "image":
+            continue
+        else:
+            value = attributes.get("src")
+        value = (value or "").strip()
+        if not value.lower().startswith("http:"):
+            continue  # only an explicit http: URL is insecure on an https page
+        url = _join(page_url, value)
+        if url is not None and url.startswith("http:"):
+            insecure.append(url)
     return finding("mixed-content", FAIL if insecure else PASS, _items(insecure) if insecure else {})
 
 

@@ -161,6 +161,9 @@ def lighthouse_verdicts(site: Site, path: str, *, run: bool = True) -> dict[str,
     report = json.loads(report_path.read_text())
     if "categories" not in report:
         return report.get("runtimeError") or "no report"
+    if report.get("finalDisplayedUrl") != site.origin + path:
+        # A script or meta refresh took Chrome elsewhere: Lighthouse audited another page.
+        return f"Lighthouse audited {report.get('finalDisplayedUrl')} instead (a redirect)"
     verdicts = {}
     for ref in report["categories"]["seo"]["auditRefs"]:
         audit = report["audits"][ref["id"]]

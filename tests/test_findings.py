@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from audits import analysis
 from audits.analysis import analyze_html
 from audits.findings import (
     CHECK_IDS,
@@ -333,7 +334,8 @@ def test_details_are_bounded_whatever_the_page_holds():
     assert all(len(row["href"]) <= FINDING_MAX_TEXT for row in item["details"]["items"])
 
 
-def test_a_page_nested_past_the_bound_is_read_without_a_tree(settings):
+def test_a_page_nested_past_the_bound_is_read_without_a_tree(settings, monkeypatch):
+    monkeypatch.setattr(analysis, "UNGAUGED_MAX_TAGS", 0)  # gauged however small
     settings.AUDIT_MAX_TREE_DEPTH = 100
     html = "<title>Deep</title>" + "<div>" * 150 + '<a href="https://x.example/">x</a>'
     result = analyze_html(html.encode(), base_url=PAGE, page=PageInfo(PAGE, 503, []))
@@ -347,10 +349,27 @@ def test_a_page_nested_past_the_bound_is_read_without_a_tree(settings):
     }  # fmt: skip
 
 
-def test_a_page_of_more_elements_than_the_bound_is_read_without_a_tree(settings):
+def test_a_page_of_more_elements_than_the_bound_is_read_without_a_tree(settings, monkeypatch):
+    monkeypatch.setattr(analysis, "UNGAUGED_MAX_TAGS", 0)
     settings.AUDIT_MAX_TREE_ELEMENTS = 50
     html = "<title>Many</title>" + "<p>x</p>" * 60 + '<a href="https://x.example/">here</a>'
     result = analyze_html(html.encode(), base_url=PAGE)
     by_id = {item["id"]: item for item in result["findings"]}
     assert result["external_links"] == ["https://x.example/"]
     assert by_id["link-text"]["details"] == {"reason": "too_many_elements"}
+
+
+def test_a_page_of_few_tags_is_not_gauged_and_one_of_many_is(monkeypatch):
+    gauged = []
+    real = analysis.DepthGauge
+
+    class Counting(real):
+        def __init__(self):
+            super().__init__()
+            gauged.append(self)
+
+    monkeypatch.setattr(analysis, "DepthGauge", Counting)
+    analyze_html(b"<title>t</title><p>x</p>", base_url=PAGE)
+    assert gauged == []
+    analyze_html(b"<p>x</p>" * (analysis.UNGAUGED_MAX_TAGS // 2 + 1), base_url=PAGE)
+    assert len(gauged) == 1 and gauged[0].elements > analysis.UNGAUGED_MAX_TAGS // 2
