@@ -593,8 +593,12 @@ def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
         if href_attribute is None:
             failing.append(snippet(node))
             continue
-        if _JAVASCRIPT_VOID.search(raw_href) or (_may_not_parse(raw_href)
-                                                  and _join(page_url, raw_href) is None):  # fmt: skip
+        if _JAVASCRIPT_VOID.search(raw_href) or (
+            # An absolute URL that parses alone parses against the page (one cheap C call).
+            _may_not_parse(raw_href)
+            and not ada_url.check_url(raw_href)
+            and _join(page_url, raw_href) is None
+        ):
             failing.append(snippet(node))
     return finding("crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {})
 
