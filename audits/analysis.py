@@ -40,7 +40,6 @@ from audits.findings import (
     page_findings,
     robots_txt,
 )
-
 from outbound.integrations.page import FetchedPage
 from outbound.urls import MAX_URL_LENGTH
 

@@ -130,8 +130,7 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
     """Every check's finding on a page's tree. `robots` is None when its robots.txt is
     not known (then robots-txt is not applicable and is-crawlable reads the page alone)."""
     head_metas = [
-        ((node.attributes.get("name") or "").lower(), node)
-        for node in tree.css("head meta")
+        ((node.attributes.get("name") or "").lower(), node) for node in tree.css("head meta")
     ]
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
     head_links += header_links(page)
@@ -600,7 +599,9 @@ def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
             and _join(page_url, raw_href) is None
         ):
             failing.append(snippet(node))
-    return finding("crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {})
+    return finding(
+        "crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {}
+    )
 
 
 def _may_not_parse(href: str) -> bool:
@@ -653,8 +654,10 @@ def _anchors_holding(hidden: dict[int, LexborNode]) -> set[int]:
     """The anchors (by node id) with a descendant that innerText leaves out."""
     holders = set()
     for node in hidden.values():
-        if node.attributes.get("aria-hidden") == "true" and not _hidden(node) and (
-            node.tag not in NOT_RENDERED_TAGS
+        if (
+            node.attributes.get("aria-hidden") == "true"
+            and not _hidden(node)
+            and (node.tag not in NOT_RENDERED_TAGS)
         ):
             continue  # aria-hidden hides from screen readers only, not from innerText
         parent = node.parent
@@ -681,7 +684,11 @@ def _collect_visible_text(node: LexborNode, pieces: list[str]) -> None:
     while child is not None:
         if child.tag == "-text":
             pieces.append(child.text_content or "")
-        elif child.tag not in NOT_RENDERED_TAGS and not child.tag.startswith("-") and not _hidden(child):
+        elif (
+            child.tag not in NOT_RENDERED_TAGS
+            and not child.tag.startswith("-")
+            and not _hidden(child)
+        ):
             _collect_visible_text(child, pieces)
         child = child.next
 
@@ -765,7 +772,9 @@ def viewport(head_metas: list) -> dict:
     keys = {part.partition("=")[0].strip().lower() for part in re.split(r"[,;]", content)}
     if keys & {"width", "initial-scale"}:
         return finding("viewport", PASS, {"content": _clip(content)})
-    return finding("viewport", FAIL, {"reason": "no_width_or_initial_scale", "content": _clip(content)})
+    return finding(
+        "viewport", FAIL, {"reason": "no_width_or_initial_scale", "content": _clip(content)}
+    )
 
 
 # Subresources a browser loads (and blocks or upgrades on an https page), one query.
@@ -800,7 +809,9 @@ def mixed_content(tree: LexborHTMLParser, page_url: str) -> dict:
         url = _join(page_url, value)
         if url is not None and url.startswith("http:"):
             insecure.append(url)
-    return finding("mixed-content", FAIL if insecure else PASS, _items(insecure) if insecure else {})
+    return finding(
+        "mixed-content", FAIL if insecure else PASS, _items(insecure) if insecure else {}
+    )
 
 
 def structured_data(tree: LexborHTMLParser) -> dict:

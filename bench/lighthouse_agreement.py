@@ -154,7 +154,7 @@ def lighthouse_verdicts(site: Site, path: str, *, run: bool = True) -> dict[str,
             timeout=300,
         )  # fmt: skip
         if run.returncode != 0:
-            error = (run.stderr.strip().splitlines() or ["exit %d" % run.returncode])[-1]
+            error = (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
             report_path.write_text(json.dumps({"runtimeError": error[:300]}))
         else:
             os.replace(f"{report_path}.tmp", report_path)
@@ -299,7 +299,7 @@ def cpu_cost() -> None:
         text = "".join(decoded_chunks(body, sniff_encoding(body)))
         tree = LexborHTMLParser(text, scripting=True)
         findings_only = best_cpu(
-            lambda _b, u: page_findings(tree, PageInfo(u, 200, []), robots), body, url
+            lambda _b, u, tree=tree: page_findings(tree, PageInfo(u, 200, []), robots), body, url
         )
         rows.append((name, len(body), best_cpu(main_analysis, body, url),
                      best_cpu(today, body, url), findings_only))  # fmt: skip
@@ -321,8 +321,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="Lighthouse runs at once")
     parser.add_argument("--only", help="only pages whose URL contains this")
     parser.add_argument("--skip-cpu", action="store_true")
-    parser.add_argument("--cached-only", action="store_true",
-                        help="compare only pages whose Lighthouse report is cached")
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="compare only pages whose Lighthouse report is cached",
+    )
     args = parser.parse_args()
     os.environ.setdefault("DEBUG", "true")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

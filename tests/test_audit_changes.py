@@ -139,13 +139,15 @@ def test_the_admin_shows_an_audit_s_findings_failing_first(client, django_user_m
 
     page = Page.objects.create(url="https://example.org/", domain="example.org")
     findings = [finding(check, "pass") for check in CHECK_IDS]
-    findings[8] = finding("link-text", "fail", {"count": 1, "items": [{"href": "/a", "text": "here"}]})
+    findings[8] = finding(
+        "link-text", "fail", {"count": 1, "items": [{"href": "/a", "text": "here"}]}
+    )
     audit = Audit.objects.create(
         page=page, status=Audit.Status.SUCCEEDED, result={"findings": findings}
     )
     client.force_login(django_user_model.objects.create_superuser("ops", password="x"))
     html = client.get(f"/admin/audits/audit/{audit.id}/change/").content.decode()
-    table = html[html.index("<th>check</th>"):]
+    table = html[html.index("<th>check</th>") :]
     assert table.index('<th>link-text</th><td class="finding-fail">fail</td><td>low</td>') < (
         table.index("<th>is-crawlable</th>")
     )

@@ -191,6 +191,8 @@ def test_a_check_that_could_not_run_is_not_a_fix_and_a_result_without_findings_c
 
     unchecked = findings()
     unchecked[2] = finding("document-title", "not_applicable", {"reason": "too_deep"})
-    assert compare(result(findings=findings(document_title="fail")), result(findings=unchecked)) == []
+    assert (
+        compare(result(findings=findings(document_title="fail")), result(findings=unchecked)) == []
+    )
     # A result from before findings existed: its page's first findings are no change.
     assert compare(result(), result(findings=findings(viewport="fail"))) == []

@@ -215,7 +215,9 @@ def test_the_dashboard_counts_current_pages_failing_each_check(client, redis_cli
     client.force_login(get_user_model().objects.create_user("ops", password="pw", is_staff=True))
     html = client.get("/dashboard/").content.decode()
     assert re.search(r'data-failing="canonical"><a href="[^"]*\?failing_check=canonical">2<', html)
-    assert 'data-failing="image-alt"><a href="/admin/audits/page/?failing_check=image-alt">1<' in html
+    assert (
+        'data-failing="image-alt"><a href="/admin/audits/page/?failing_check=image-alt">1<' in html
+    )
     assert 'data-failing="viewport"><a href="/admin/audits/page/?failing_check=viewport">0<' in html
     admin = get_user_model().objects.create_superuser("root", password="pw")
     client.force_login(admin)

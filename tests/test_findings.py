@@ -79,10 +79,17 @@ def test_a_robots_meta_in_the_body_is_not_read():
 def test_robots_txt_blocking_every_bot_fails_is_crawlable_and_a_group_of_its_own_escapes():
     everyone = RobotsTxt(200, "User-agent: *\nDisallow: /articles\n")
     assert outcome("is-crawlable", "x", robots=everyone) == "fail"
-    google_allowed = RobotsTxt(200, "User-agent: *\nDisallow: /articles\n\nUser-agent: Googlebot\nAllow: /\n")
+    google_allowed = RobotsTxt(
+        200, "User-agent: *\nDisallow: /articles\n\nUser-agent: Googlebot\nAllow: /\n"
+    )
     item = findings_of("x", robots=google_allowed)["is-crawlable"]
     assert item["outcome"] == "pass"
-    assert item["details"]["blocked_user_agents"] == ["*", "bingbot", "DuckDuckBot", "archive.org_bot"]
+    assert item["details"]["blocked_user_agents"] == [
+        "*",
+        "bingbot",
+        "DuckDuckBot",
+        "archive.org_bot",
+    ]
     longest_allow = RobotsTxt(200, "User-agent: *\nDisallow: /articles\nAllow: /articles/one$\n")
     assert outcome("is-crawlable", "x", robots=longest_allow) == "pass"
 
@@ -118,7 +125,10 @@ def test_document_title_is_the_first_html_title_with_text(html, expected):
         ("<head></head>", "fail"),
         ('<body>x<meta name="description" content="late"></body>', "fail"),
         # Scripting on: a noscript in head does not close it, as in Chrome.
-        ('<head><noscript><img src=a.png></noscript><meta name="description" content="d"></head>', "pass"),
+        (
+            '<head><noscript><img src=a.png></noscript><meta name="description" content="d"></head>',
+            "pass",
+        ),
     ],
 )
 def test_meta_description_is_the_first_in_head_and_not_blank(html, expected):
@@ -135,18 +145,27 @@ def test_meta_description_is_the_first_in_head_and_not_blank(html, expected):
         ("", "not_applicable", None),
         ('<link rel="canonical" href="/relative">', "fail", "relative"),
         ('<link rel="canonical" href="http://[bad">', "fail", "relative"),
-        ('<link rel="canonical" href="https://a.example/x"><link rel="canonical" href="https://a.example/y">',
-         "fail", "conflicting"),  # fmt: skip
-        ('<link rel="canonical" href="https://a.example/x"><link rel="canonical" href="https://a.example/x">',
-         "pass", None),  # fmt: skip
+        (
+            '<link rel="canonical" href="https://a.example/x"><link rel="canonical" href="https://a.example/y">',
+            "fail",
+            "conflicting",
+        ),  # fmt: skip
+        (
+            '<link rel="canonical" href="https://a.example/x"><link rel="canonical" href="https://a.example/x">',
+            "pass",
+            None,
+        ),  # fmt: skip
         ('<link rel="canonical" href="https://www.example.org/">', "fail", "points_to_root"),
         ('<link rel="canonical" href="https://other.example/">', "pass", None),
         # Lighthouse compares rel whole: this is no canonical.
         ('<link rel="canonical nofollow" href="/relative">', "not_applicable", None),
-        ('<link rel="canonical" href="https://www.example.org/en">'
-         '<link rel="alternate" hreflang="en" href="https://www.example.org/en">'
-         '<link rel="alternate" hreflang="de" href="https://www.example.org/articles/one">',
-         "fail", "points_to_another_hreflang"),  # fmt: skip
+        (
+            '<link rel="canonical" href="https://www.example.org/en">'
+            '<link rel="alternate" hreflang="en" href="https://www.example.org/en">'
+            '<link rel="alternate" hreflang="de" href="https://www.example.org/articles/one">',
+            "fail",
+            "points_to_another_hreflang",
+        ),  # fmt: skip
     ],
 )
 def test_canonical(head, expected, reason):
@@ -192,7 +211,9 @@ def test_robots_txt_outcomes_by_status_and_content():
     assert outcome("robots-txt", "x", robots=RobotsTxt(503)) == "fail"
     assert outcome("robots-txt", "x", robots=RobotsTxt(404)) == "not_applicable"
     assert outcome("robots-txt", "x", robots=RobotsTxt(200, "")) == "not_applicable"
-    assert outcome("robots-txt", "x", robots=RobotsTxt(200, "User-agent: *\nDisallow: /x\n")) == "pass"
+    assert (
+        outcome("robots-txt", "x", robots=RobotsTxt(200, "User-agent: *\nDisallow: /x\n")) == "pass"
+    )
 
 
 def test_robots_txt_errors_are_listed_by_line():

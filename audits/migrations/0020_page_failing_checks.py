@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('audits', '0019_job_rows'),
+        ("audits", "0019_job_rows"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='page',
-            name='failing_checks',
-            field=models.JSONField(blank=True, default=list, help_text='Checks its latest succeeded audit fails.'),
+            model_name="page",
+            name="failing_checks",
+            field=models.JSONField(
+                blank=True, default=list, help_text="Checks its latest succeeded audit fails."
+            ),
         ),
     ]
