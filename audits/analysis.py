@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -151,6 +152,7 @@ def collapse_whitespace(text: str) -> str:
     return " ".join(part for part in text.translate(_WHITESPACE_TO_SPACE).split(" ") if part)
 
 
+_ASCII_WHITESPACE_RUN = re.compile(r"[\t\n\x0c\r ]+")
 _WHITESPACE_TO_SPACE = str.maketrans({char: " " for char in ASCII_WHITESPACE})
 
 
@@ -308,7 +310,11 @@ def tree_fields(tree: LexborHTMLParser, *, page_url: str, max_links: int) -> dic
     for anchor in tree.css("a[href]:not(svg *):not(math *)"):
         links.add(anchor.attributes.get("href") or "")
     return {
-        "title": _clipped(collapse_whitespace(title.text(deep=True))) if title else None,
+        # A regex, not collapse_whitespace's split: a 5 MB title is one new string, not
+        # a million words.
+        "title": _clipped(_ASCII_WHITESPACE_RUN.sub(" ", title.text(deep=True)).strip(" "))
+        if title
+        else None,
         "meta_description": description,
         "canonical": canonical if canonical and len(canonical) <= MAX_URL_LENGTH else None,
         "noindex": noindex,
