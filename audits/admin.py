@@ -4,6 +4,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from audits.api.auth import new_token
+from audits.findings import CHECK_IDS
 from audits.models import ApiToken, Audit, LinkCheck, Page, SharedLink
 from audits.secrets import without_password
 
@@ -23,20 +24,33 @@ class RemovedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class FailingCheckFilter(admin.SimpleListFilter):
+    title = "failing check"
+    parameter_name = "failing_check"
+
+    def lookups(self, request, model_admin):
+        return [(check, check) for check in CHECK_IDS]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(failing_checks__contains=[self.value()])
+        return queryset
+
+
 @admin.register(Page)
 class PageAdmin(admin.ModelAdmin):
     list_display = [
         "url", "domain", "owner", "reaudit_nightly", "page_callback", "last_changed_at",
         "removed_at", "created_at",
     ]  # fmt: skip
-    list_filter = ["reaudit_nightly", RemovedFilter, "last_changed_at"]
+    list_filter = ["reaudit_nightly", RemovedFilter, FailingCheckFilter, "last_changed_at"]
     search_fields = ["url", "domain", "=public_id", "owner__username"]
     list_editable = ["reaudit_nightly"]
     list_select_related = ["owner"]
     raw_id_fields = ["owner"]
     readonly_fields = [
         "public_id", "page_callback", "created_at", "last_changed_at", "last_worse_at",
-        "removed_at",
+        "removed_at", "failing_checks",
     ]  # fmt: skip
     # The page callback is set through the API, as a pair with its secret; the secret is
     # write-only (never shown) and the URL's password shown as `***`.
@@ -147,6 +161,7 @@ class AuditAdmin(admin.ModelAdmin):
         "callback",
         "changes_table",
         "got_worse",
+        "findings_table",
         "result_pretty",
     ]
     # The callback secret is write-only: never shown, not even to staff; the callback URL's
@@ -188,6 +203,32 @@ class AuditAdmin(admin.ModelAdmin):
         return format_html(
             "<table><tr><th>field</th><th>before</th><th>after</th><th>added</th>"
             "<th>removed</th></tr>{}</table>",
+            rows,
+        )
+
+    @admin.display(description="Findings (failing first)")
+    def findings_table(self, audit: Audit):
+        findings = (audit.result or {}).get("findings")
+        if not findings:
+            return "-"
+        order = {"fail": 0, "pass": 1, "not_applicable": 2}
+        rows = format_html_join(
+            "",
+            '<tr><th>{}</th><td class="finding-{}">{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    item["id"],
+                    item["outcome"],
+                    item["outcome"],
+                    item["severity"],
+                    _shown(item.get("details") or {}),
+                )
+                for item in sorted(findings, key=lambda item: order.get(item["outcome"], 3))
+            ),
+        )
+        return format_html(
+            "<table><tr><th>check</th><th>outcome</th><th>severity</th><th>details</th></tr>"
+            "{}</table>",
             rows,
         )
 

@@ -16,12 +16,13 @@ class AuditsConfig(AppConfig):
         from audits import retention as audits_retention
         from audits.admission import queue_gauges
         from audits.models import AUDIT_JOB, LINK_CHECK_JOB
-        from audits.pages import change_counts
+        from audits.pages import change_counts, failing_check_counts
         from jobs import reconcile, retention, sweeps
         from observability import gauges
 
         gauges.register("audits_queue", queue_gauges)
         gauges.register("page_changes", change_counts)
+        gauges.register_report("pages_failing", failing_check_counts)
         gauges.register("admission_limit", lambda: {"max_depth": settings.AUDIT_QUEUE_MAX_DEPTH})
         reconcile.register_job(AUDIT_JOB)
         reconcile.register_job(LINK_CHECK_JOB)

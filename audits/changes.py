@@ -27,7 +27,8 @@ VALUE_FIELDS: dict[str, Callable[[dict], object]] = {
 }
 MISSING_SECURITY_HEADERS = "missing_security_headers"
 BROKEN_LINKS = "broken_links"
-FIELDS = (*VALUE_FIELDS, MISSING_SECURITY_HEADERS, BROKEN_LINKS)
+FAILING_CHECKS = "failing_checks"
+FIELDS = (*VALUE_FIELDS, MISSING_SECURITY_HEADERS, BROKEN_LINKS, FAILING_CHECKS)
 
 # A link whose check said nothing this time (still queued, rate-limited past the
 # deadline, over the per-page cap) is neither newly broken nor fixed.
@@ -67,6 +68,15 @@ def compare(before: dict | None, after: dict) -> list[Change] | None:
     fixed = old_broken - new_broken - unknown_links(after)
     if newly_broken or fixed:
         changes.append(_set_change(BROKEN_LINKS, old_broken, new_broken, newly_broken, fixed))
+
+    # A result from before findings existed has none to compare: not every failing check
+    # is new on the first audit that has them.
+    if "findings" in before and "findings" in after:
+        old_failing, new_failing = failing_checks(before), failing_checks(after)
+        started = new_failing - old_failing
+        stopped = old_failing - new_failing - unchecked_checks(after)
+        if started or stopped:
+            changes.append(_set_change(FAILING_CHECKS, old_failing, new_failing, started, stopped))
     return changes
 
 
@@ -92,17 +102,32 @@ def unknown_links(result: dict) -> set[str]:
     }
 
 
+def failing_checks(result: dict) -> set[str]:
+    """The ids of the result's findings that fail (audits.findings)."""
+    return {item["id"] for item in result.get("findings") or [] if item.get("outcome") == "fail"}
+
+
+def unchecked_checks(result: dict) -> set[str]:
+    """Checks that could not run this time (a tree too deep, a page that is not HTML, no
+    robots.txt known): a failure before is not fixed by them."""
+    return {
+        item["id"]
+        for item in result.get("findings") or []
+        if item.get("outcome") == "not_applicable" and (item.get("details") or {}).get("reason")
+    }
+
+
 def got_worse(changes: list[Change] | None) -> bool:
     """Whether the changes make the page worse for its owner: a 2xx became an error
     (4xx or 5xx), noindex appeared, a security header disappeared (a header joined
-    the missing ones), or a link broke."""
+    the missing ones), a link broke, or a check started failing."""
     for change in changes or []:
         field = change["field"]
         if field == "status_code" and _is_success(change["before"]) and _is_error(change["after"]):
             return True
         if field == "noindex" and change["after"] is True:
             return True
-        if field in (MISSING_SECURITY_HEADERS, BROKEN_LINKS) and change["added"]:
+        if field in (MISSING_SECURITY_HEADERS, BROKEN_LINKS, FAILING_CHECKS) and change["added"]:
             return True
     return False
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from audits.changes import compare, got_worse
+from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
@@ -64,6 +64,11 @@ class Page(models.Model):
         blank=True,
         help_text="When an audit last found the page worse (audits.changes.got_worse).",
     )
+    # The checks (audits.findings ids) its latest succeeded audit fails: the dashboard's
+    # pages failing each check, read without opening every audit's result.
+    failing_checks = models.JSONField(
+        default=list, blank=True, help_text="Checks its latest succeeded audit fails."
+    )
     # Where `audit.changed` is POSTed when any audit of this page finds a change (webhooks
     # app), signed with the secret. Write-only like Audit.callback_secret.
     callback_url = models.CharField(max_length=2048, blank=True)
@@ -113,16 +118,27 @@ class AuditQuerySet(models.QuerySet):
             if row is None:
                 return False
             page_id, callback_url = row
+            page_fields = {}
             if status == Audit.Status.SUCCEEDED:
                 self._lock_page(page_id)
-                changes = compare(self._previous_success(page_id, audit_id), result or {})
+                previous = self._previous_success(page_id, audit_id)
+                changes = compare(previous, result or {})
                 fields.update(changes=changes, got_worse=got_worse(changes))
+                if changes:
+                    page_fields["last_changed_at"] = finished_at
+                    if fields["got_worse"]:
+                        page_fields["last_worse_at"] = finished_at
+                # The page's failing checks are written only when they may differ from
+                # what it holds: its first audit, one before findings, or a change in them.
+                if (
+                    previous is None
+                    or "findings" not in previous
+                    or any(change["field"] == FAILING_CHECKS for change in changes or [])
+                ):
+                    page_fields["failing_checks"] = sorted(failing_checks(result or {}))
             # Still conditional: a finisher racing this one since the read changes nothing.
             updated = unfinished.update(**fields)
-            if updated and fields.get("changes"):
-                page_fields = {"last_changed_at": finished_at}
-                if fields["got_worse"]:
-                    page_fields["last_worse_at"] = finished_at
+            if updated and page_fields:
                 Page.objects.filter(id=page_id).update(**page_fields)
             if updated:
                 # Inside the finish's transaction: what a listener owes because of it (a

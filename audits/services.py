@@ -15,7 +15,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from audits import robots as robots_store
 from audits.analysis import audit_result
+from audits.findings import RobotsTxt
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import AUDIT_JOB, Audit
 from jobs.errors import Permanent, WaitTooLong
@@ -116,6 +118,17 @@ def not_modified_result(previous: dict, page: FetchedPage, sent: Validators) -> 
     return result
 
 
+def page_robots_txt(url: str) -> RobotsTxt | None:
+    """The page's host's robots.txt, as the robots-txt and is-crawlable findings read it:
+    from the one robots.txt store link checks use (audits.robots), read once per host per
+    freshness window under the host's politeness; None when it cannot be known now."""
+    info = robots_store.robots_for(url)
+    if info is None:
+        return None
+    answered = info.status_code is not None and 200 <= info.status_code < 300
+    return RobotsTxt(info.status_code, info.body if answered else None)
+
+
 def execute_audit(
     audit_id: str, *, resume: dict | None = None, attempt: int | None = None
 ) -> list[QueuedCheck]:
@@ -140,7 +153,8 @@ def execute_audit(
     if previous is not None and fetched.not_modified:
         result = not_modified_result(previous, fetched, validators)
     else:
-        result = with_validators(audit_result(fetched), fetched)
+        robots = page_robots_txt(fetched.final_url)
+        result = with_validators(audit_result(fetched, robots=robots), fetched)
     started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)

@@ -391,6 +391,13 @@ AUDIT_MAX_LINK_CHECKS = env_int("AUDIT_MAX_LINK_CHECKS", 100, minimum=0)
 # (result.links_over_cap, links_truncated): what one page can make an audit hold, store,
 # check and serve is bounded (DECISIONS.md, "An audit bounded by construction").
 AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 100, minimum=0)
+# A page nested deeper than this is not given a tree (WHATWG tree construction is
+# quadratic in depth; Chrome itself caps the tree at 512): its fields come from the
+# streaming pass and its tree-based findings are not applicable (audits.analysis).
+AUDIT_MAX_TREE_DEPTH = env_int("AUDIT_MAX_TREE_DEPTH", 512, minimum=1)
+# Nor is a page of more elements than this (a tree costs ~0.8 KB an element: 20,000 is
+# ~16 MB; the 30 real pages of the corpus hold at most 1,929).
+AUDIT_MAX_TREE_ELEMENTS = env_int("AUDIT_MAX_TREE_ELEMENTS", 20_000, minimum=1)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
 # A broken outcome is shared for less long: it is checked again sooner.

@@ -44,3 +44,18 @@ def read_all() -> dict[str, int | float]:
         except Exception:
             log.exception("metrics.gauge_unavailable", extra={"gauge": name})
     return values
+
+
+# Readings only the dashboard asks for, when a staff user opens it: too costly to take
+# every minute and at every /metrics scrape (a scan of the pages), so never in read_all.
+_reports: dict[str, Callable[[], object]] = {}
+
+
+def register_report(name: str, reading: Callable[[], object]) -> None:
+    """Add (or replace) the dashboard-only reading called `name`."""
+    _reports[name] = reading
+
+
+def read_report(name: str):
+    """One dashboard-only reading; raises whatever it raises (KeyError if not registered)."""
+    return _reports[name]()

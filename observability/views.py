@@ -81,6 +81,21 @@ def page_changes() -> dict[str, int] | None:
         return None
 
 
+def pages_failing() -> list[tuple[str, int]] | None:
+    """Current pages failing each SEO check (the `audits` app's report); None, shown as a
+    dash, when it cannot be read."""
+    try:
+        return gauges.read_report("pages_failing")
+    except Exception:
+        log.exception("dashboard.pages_failing_unavailable")
+        return None
+
+
+def failing_pages_admin_url() -> str:
+    """Where an operator reads the pages (their latest audits fail the check in the query)."""
+    return reverse("admin:audits_page_changelist")
+
+
 @staff_member_required
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
@@ -98,5 +113,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "dead_letter_admin_url": dead_letter_admin_url(),
             "page_changes": page_changes(),
             "worse_audits_admin_url": worse_audits_admin_url(),
+            "pages_failing": pages_failing(),
+            "failing_pages_admin_url": failing_pages_admin_url(),
         },
     )

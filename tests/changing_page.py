@@ -7,6 +7,7 @@ Every request's headers are kept in `requests`."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from tests.http_server import LocalServer, QuietHandler

@@ -5,7 +5,8 @@ It takes the text the analysis decoded (the same sniffing: audits.analysis.decod
 so the comparison is of parsing and reading, and reads the fields as the DOM defines them:
 `document.title` (the first title element in the HTML namespace, ASCII whitespace stripped
 and collapsed), the first `<base href>` as the document's base URL, `<a href>` elements
-in the HTML namespace.
+in the HTML namespace, and nothing inside `<noscript>` (a browser runs with scripting
+on, where its content is text).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ def _split_ascii_whitespace(text: str) -> list[str]:
 
 def browser_fields(text: str, *, url: str) -> dict:
     root = html5lib.parse(text, treebuilder="etree", namespaceHTMLElements=True)
-    elements = list(root.iter())
+    # html5lib parses with scripting off, so `<noscript>` content becomes elements; a
+    # browser (and the analysis, scripting on) reads it as text: left out here.
+    in_noscript = {
+        id(inner)
+        for noscript in root.iter(f"{HTML}noscript")
+        for inner in noscript.iter()
+        if inner is not noscript
+    }
+    elements = [el for el in root.iter() if id(el) not in in_noscript]
     title = next((el for el in elements if el.tag == f"{HTML}title"), None)
     base_href = next(
         (

@@ -58,7 +58,12 @@ def test_first_audit_has_null_then_unchanged_is_empty_then_each_change_is_listed
     changing_page.state.links = [f"{site.base_url}/", f"{site.base_url}/missing"]
     third = audit_now(changing_page.url)
     changed = fields(third)
-    assert set(changed) == {"title", "noindex", "missing_security_headers", "broken_links"}
+    assert set(changed) == {
+        "title", "noindex", "missing_security_headers", "broken_links", "failing_checks",
+    }  # fmt: skip
+    # noindex in every robots meta: the page is no longer crawlable (result.findings).
+    assert changed["failing_checks"]["added"] == ["is-crawlable"]
+    assert "is-crawlable" in Page.objects.get().failing_checks
     assert changed["title"] == {"field": "title", "before": "Home", "after": "Home, renamed"}
     assert changed["noindex"]["after"] is True
     assert changed["missing_security_headers"]["added"] == ["referrer-policy"]
@@ -125,3 +130,23 @@ def test_the_admin_shows_the_changes_of_an_audit(client, django_user_model):
     assert "<th>broken_links</th><td>(none)</td><td>https://a.example/</td>" in html
     listed = client.get("/admin/audits/audit/?got_worse__exact=1").content.decode()
     assert str(audit.id) in listed
+
+
+def test_the_admin_shows_an_audit_s_findings_failing_first(client, django_user_model):
+    from audits.findings import CHECK_IDS, finding
+
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    findings = [finding(check, "pass") for check in CHECK_IDS]
+    findings[8] = finding(
+        "link-text", "fail", {"count": 1, "items": [{"href": "/a", "text": "here"}]}
+    )
+    audit = Audit.objects.create(
+        page=page, status=Audit.Status.SUCCEEDED, result={"findings": findings}
+    )
+    client.force_login(django_user_model.objects.create_superuser("ops", password="x"))
+    html = client.get(f"/admin/audits/audit/{audit.id}/change/").content.decode()
+    table = html[html.index("<th>check</th>") :]
+    assert table.index('<th>link-text</th><td class="finding-fail">fail</td><td>low</td>') < (
+        table.index("<th>is-crawlable</th>")
+    )
+    assert "here" in table

@@ -148,3 +148,51 @@ def test_what_counts_as_worse(overrides, worse):
 def test_an_error_that_recovers_is_not_worse():
     assert got_worse(compare(result(status_code=500), result(status_code=200))) is False
     assert got_worse(None) is False and got_worse([]) is False
+
+
+# --- Findings (issue 34.1) -------------------------------------------------------------
+
+
+def findings(**outcomes) -> list[dict]:
+    """Findings with the given outcomes by check id (underscores for dashes); the rest pass."""
+    from audits.findings import CHECK_IDS, finding
+
+    chosen = {check.replace("_", "-"): outcome for check, outcome in outcomes.items()}
+    return [finding(check, chosen.get(check, "pass")) for check in CHECK_IDS]
+
+
+def test_a_check_that_starts_failing_is_a_change_and_makes_the_page_worse():
+    before = result(findings=findings())
+    after = result(findings=findings(image_alt="fail", canonical="fail"))
+    changes = compare(before, after)
+    assert changes == [
+        {
+            "field": "failing_checks",
+            "before": [],
+            "after": ["canonical", "image-alt"],
+            "added": ["canonical", "image-alt"],
+            "removed": [],
+        }
+    ]
+    assert got_worse(changes) is True
+
+
+def test_a_check_that_stops_failing_is_a_change_not_worse():
+    changes = compare(result(findings=findings(viewport="fail")), result(findings=findings()))
+    assert changes == [
+        {"field": "failing_checks", "before": ["viewport"], "after": [], "added": [],
+         "removed": ["viewport"]}
+    ]  # fmt: skip
+    assert got_worse(changes) is False
+
+
+def test_a_check_that_could_not_run_is_not_a_fix_and_a_result_without_findings_compares_none():
+    from audits.findings import finding
+
+    unchecked = findings()
+    unchecked[2] = finding("document-title", "not_applicable", {"reason": "too_deep"})
+    assert (
+        compare(result(findings=findings(document_title="fail")), result(findings=unchecked)) == []
+    )
+    # A result from before findings existed: its page's first findings are no change.
+    assert compare(result(), result(findings=findings(viewport="fail"))) == []

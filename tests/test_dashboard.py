@@ -186,3 +186,41 @@ def test_the_dashboard_counts_pages_changed_in_the_last_day_and_those_that_got_w
     samples = scrape()
     assert samples[("plumb_pages_changed", ())] == 3
     assert samples[("plumb_pages_worse", ())] == 2
+
+
+def test_the_dashboard_counts_current_pages_failing_each_check(client, redis_client, monkeypatch):
+    from audits.findings import CHECK_IDS, finding
+
+    def findings(*failing):
+        return [finding(check, "fail" if check in failing else "pass") for check in CHECK_IDS]
+
+    now = timezone.now()
+    one, two, fixed, removed = (
+        Page.objects.create(url=f"https://example.org/{name}", domain="example.org")
+        for name in ("one", "two", "fixed", "removed")
+    )
+    for page, runs in (
+        (one, [findings("canonical", "image-alt")]),
+        (two, [findings(), findings("canonical")]),  # started failing
+        (fixed, [findings("canonical"), findings()]),  # stopped failing
+        (removed, [findings("canonical")]),
+    ):
+        for hours_ago, run in zip(range(len(runs), 0, -1), runs, strict=True):
+            finished_with(
+                page, {"status_code": 200, "findings": run}, at=now - timedelta(hours=hours_ago),
+                monkeypatch=monkeypatch,
+            )  # fmt: skip
+    Page.objects.filter(id=removed.id).update(removed_at=now)
+
+    client.force_login(get_user_model().objects.create_user("ops", password="pw", is_staff=True))
+    html = client.get("/dashboard/").content.decode()
+    assert re.search(r'data-failing="canonical"><a href="[^"]*\?failing_check=canonical">2<', html)
+    assert (
+        'data-failing="image-alt"><a href="/admin/audits/page/?failing_check=image-alt">1<' in html
+    )
+    assert 'data-failing="viewport"><a href="/admin/audits/page/?failing_check=viewport">0<' in html
+    admin = get_user_model().objects.create_superuser("root", password="pw")
+    client.force_login(admin)
+    listed = client.get("/admin/audits/page/?failing_check=canonical").content.decode()
+    assert "example.org/one" in listed and "example.org/two" in listed
+    assert "example.org/fixed" not in listed

@@ -164,3 +164,19 @@ def test_no_payload_carries_a_callback_url(event):
     text = str(payload)
     assert "hooks.example.net" not in text and "hunter2" not in text and "t0ken" not in text
     assert payload["data"]["id"] == str(audit.id)
+
+
+@pytest.mark.django_db
+def test_the_payload_carries_the_findings():
+    from audits.findings import CHECK_IDS, finding
+
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    findings = [finding(check, "pass") for check in CHECK_IDS]
+    audit = Audit.objects.create(
+        page=page, status=Audit.Status.SUCCEEDED, result={"status_code": 200, "findings": findings},
+        changes=[{"field": "failing_checks", "before": [], "after": ["viewport"],
+                  "added": ["viewport"], "removed": []}],
+    )  # fmt: skip
+    payload = deliver.payload_for(audit, "audit.changed")
+    assert payload["data"]["result"]["findings"] == findings
+    assert payload["data"]["changes"][0]["added"] == ["viewport"]

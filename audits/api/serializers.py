@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audits.changes import FIELDS as CHANGE_FIELDS
+from audits.findings import CHECK_IDS, FINDING_MAX_ITEMS, FINDING_MAX_TEXT, OUTCOMES
 from audits.models import Audit, Page
 from audits.secrets import without_password
 from outbound.integrations.webhook import validate_secret
@@ -150,12 +151,14 @@ class ChangeSerializer(serializers.Serializer):
     added = serializers.ListField(
         child=serializers.CharField(),
         required=False,
-        help_text="missing_security_headers: headers now missing; broken_links: newly broken.",
+        help_text="missing_security_headers: headers now missing; broken_links: newly broken; "
+        "failing_checks: checks (result.findings ids) that started failing.",
     )
     removed = serializers.ListField(
         child=serializers.CharField(),
         required=False,
-        help_text="missing_security_headers: headers now sent; broken_links: fixed.",
+        help_text="missing_security_headers: headers now sent; broken_links: fixed; "
+        "failing_checks: checks that stopped failing.",
     )
 
 
@@ -170,7 +173,35 @@ class ChangeSerializer(serializers.Serializer):
         "2048 characters, and `links_truncated` is true when any link went unlisted. "
         "`link_check.outcomes` counts the listed links per outcome. A webhook payload "
         "lists at most WEBHOOK_MAX_LINKS of them (broken first), with `links_truncated` "
-        "true; `links.self` is the full audit.",
+        "true; `links.self` is the full audit. `findings` holds one verdict per SEO check.",
+        "properties": {
+            "findings": {
+                "type": "array",
+                "description": "One entry per check, in this order: Lighthouse 12.2.3's ten "
+                "SEO audits with its meaning (is-crawlable, http-status-code, document-title, "
+                "meta-description, canonical, hreflang, robots-txt, crawlable-anchors, "
+                "link-text, image-alt), then viewport, mixed-content (https pages) and "
+                "structured-data (JSON-LD that does not parse).",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "outcome", "severity", "details"],
+                    "properties": {
+                        "id": {"type": "string", "enum": list(CHECK_IDS)},
+                        "outcome": {"type": "string", "enum": list(OUTCOMES)},
+                        "severity": {"type": "string", "enum": ["high", "medium", "low"]},
+                        "details": {
+                            "type": "object",
+                            "description": "What failed or was read: `items` lists at most "
+                            f"{FINDING_MAX_ITEMS} offending elements or values (each clipped "
+                            f"at {FINDING_MAX_TEXT} characters), `count` all of them; "
+                            "`reason` says why a check failed or did not apply.",
+                            "additionalProperties": True,
+                        },
+                    },
+                },
+            },
+        },
+        "additionalProperties": True,
     }
 )
 class ResultField(serializers.JSONField):
