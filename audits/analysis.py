@@ -3,10 +3,13 @@
 Bytes become text by the WHATWG encoding sniffing order (a BOM, the HTTP charset, a
 `<meta>` charset in the first 1024 bytes), and a page that declares nothing is detected
 as browsers detect it (valid UTF-8 is UTF-8, else chardet's guess), decoded with
-replacement characters for bad bytes. The text is parsed by lxml (libxml2) with a
-parser target, the title read as `document.title` and links resolved as WHATWG URLs
-(ada): tests/test_page_parsing.py compares the fields with html5lib's WHATWG parse of 30
-real pages (DECISIONS.md, "Pages read as a browser reads them").
+replacement characters for bad bytes. The text is parsed by a WHATWG parser
+(selectolax's Lexbor, scripting on, as a browser parses), the title read as
+`document.title` and links resolved as WHATWG URLs (ada), and the SEO findings
+(audits.findings) read off the same tree; a page too deep or too large for a tree is
+read by a streaming lxml pass instead (DECISIONS.md, "SEO findings with Lighthouse's
+meaning, read off a WHATWG tree"). tests/test_page_parsing.py compares the fields with
+html5lib's WHATWG parse of 30 real pages.
 
 Whatever a page holds, what an audit holds and stores is bounded (DECISIONS.md, "An
 audit bounded by construction"): the page is decoded and parsed a chunk at a time and no
