@@ -28,12 +28,17 @@ from outbound.guard import TargetNotAllowed
 from outbound.integrations import robots
 from outbound.integrations.robots import LinkVerdict, RobotsInfo
 from outbound.urls import InvalidURL, origin_key
-from ratelimit.observations import host_key
+from ratelimit.admission import admit
+from ratelimit.observations import DEFAULT_RESOURCE, host_key
 
 # The bucket resource a check waiting on another worker's fetch names.
 ROBOTS_RESOURCE = "robots"
 # How often an audit waiting on another worker's fetch looks again.
 POLL_SECONDS = 0.1
+# A check deferred behind another worker's fetch runs again this soon (or when the claim
+# ends, if sooner): a fetch takes a round trip, or ends at once when the host's bucket is
+# closed; waiting out the whole claim would hold a host's checks 15 s for nothing.
+BUSY_RETRY_SECONDS = 1.0
 
 
 class Busy(Exception):
@@ -98,6 +103,11 @@ def current(origin: str) -> RobotsInfo | None:
     info = stored(origin)
     if info is not None:
         return info
+    # A host whose bucket is closed past an inline wait is asked nothing: refused here, as
+    # the fetch would be, before a claim that every other check of the host would meet.
+    admission = admit(host_key(origin), DEFAULT_RESOURCE)
+    if not admission.go and admission.wait_seconds() > settings.RATELIMIT_INLINE_MAX_WAIT_SECONDS:
+        raise RateLimited(host_key(origin), DEFAULT_RESOURCE, admission.until, reason="admission")
     now = timezone.now()
     if not RobotsTxt.objects.filter(origin=origin).exists():
         RobotsTxt.objects.bulk_create([RobotsTxt(origin=origin)], ignore_conflicts=True)
@@ -157,7 +167,7 @@ def link_verdict(url: str) -> LinkVerdict | None:
         raise RateLimited(
             host_key(origin),
             ROBOTS_RESOURCE,
-            busy.until,
+            min(busy.until, time.time() + BUSY_RETRY_SECONDS),
             reason=f"{robots.robots_url(origin)} is being read by another worker",
         ) from None
     if info is None:
