@@ -344,6 +344,7 @@ def plumb_end_to_end(
         profilers = profile(args, stack, tag) if profiled else []
         roles = {"web": [stack.web], "audits workers": stack.workers}
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
+        commands_before = redis_commands(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
         started, submitted = stack.submit(spread(site, tag, args.count))
         count, failed, latest = wait_for(
@@ -352,6 +353,9 @@ def plumb_end_to_end(
         )  # fmt: skip
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
+        commands = {name: (calls - commands_before.get(name, 0)) / args.count
+                    for name, calls in redis_commands(redis_url).items()
+                    if calls > commands_before.get(name, 0)}  # fmt: skip
         # Every core's busy time over the run, every process included (Redis, the site, the
         # clients): how near the machine itself is to its limit.
         busy = (machine_busy_seconds() - busy_before) / (
@@ -369,8 +373,15 @@ def plumb_end_to_end(
         "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
         "audits_workers": len(stack.workers),
         "cpu_ms_per_audit": cpu_ms, "cpu_ms_per_audit_total": sum(cpu_ms.values()),
+        "redis_commands_per_audit": dict(sorted(commands.items(), key=lambda kv: -kv[1])),
         "machine_busy": busy,
     }  # fmt: skip
+
+
+def redis_commands(redis_url: str) -> dict[str, int]:
+    """Calls of each command Redis has served since it started (INFO commandstats)."""
+    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    return {name.removeprefix("cmdstat_"): fields["calls"] for name, fields in stats.items()}
 
 
 def cpu_seconds(processes: list[SessionProcess]) -> float:
@@ -520,6 +531,8 @@ def report(results: dict, args) -> None:
                   f"{plumb['submissions_per_second']:.0f}/s; machine busy "
                   f"{plumb['machine_busy']:.0%}; CPU ms per audit: "
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip
+            print(f"{phase} round {n}: Redis commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
+                  + ", ".join(f"{name} {calls:.1f}" for name, calls in plumb["redis_commands_per_audit"].items() if calls >= 0.1))  # fmt: skip
             if "baseline" in measured:
                 old = measured["baseline"]
                 print(f"{phase} round {n}, {args.baseline}: {old['per_second']:.1f} audits/s; CPU ms per "

@@ -118,8 +118,7 @@ def wsgi_environ(scope: dict, body: bytes) -> dict:
         "wsgi.run_once": False,
     }
     if client:
-        environ["REMOTE_ADDR"] = client[0]
-        environ["REMOTE_PORT"] = str(client[1])
+        environ.update(REMOTE_ADDR=client[0], REMOTE_PORT=str(client[1]))
     for raw_name, raw_value in scope.get("headers", []):
         name = raw_name.decode("latin-1").upper()
         if "_" in name:
