@@ -74,7 +74,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument("--link-host", default="localhost", help="host:port the links point at")
-    parser.add_argument("--hosts", type=int, default=1, help="answer on 127.0.0.1 to 127.0.0.<hosts>")
+    parser.add_argument(
+        "--hosts", type=int, default=1, help="answer on 127.0.0.1 to 127.0.0.<hosts>"
+    )
     args = parser.parse_args()
     asyncio.run(Site(args.delay, args.link_host).serve(args.port, args.hosts))
 

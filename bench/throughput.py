@@ -128,7 +128,9 @@ def start_site(logs: Path, delay: float) -> tuple[SessionProcess, str]:
 
 def spread(site: str, path: str, count: int) -> list[str]:
     """`count` page URLs under `path`, spread over the site's HOSTS hosts in turn."""
-    return [site.replace("127.0.0.1", f"127.0.0.{n % HOSTS + 1}") + f"/{path}/{n}" for n in range(count)]
+    return [
+        site.replace("127.0.0.1", f"127.0.0.{n % HOSTS + 1}") + f"/{path}/{n}" for n in range(count)
+    ]
 
 
 def in_threads(count: int, threads: int, work) -> list:
@@ -327,7 +329,13 @@ class Stack:
 
 
 def plumb_end_to_end(
-    args, site: str, logs: Path, redis_url: str, *, tag: str, profiled: bool = False,
+    args,
+    site: str,
+    logs: Path,
+    redis_url: str,
+    *,
+    tag: str,
+    profiled: bool = False,
     checkout: Path = ROOT,
 ) -> dict:
     stack = Stack(args, logs, redis_url, checkout)
@@ -481,7 +489,9 @@ def rounds_row(measure: str, rounds: list[dict], reference: str, name: str, goal
 
 def report(results: dict, args) -> None:
     rows = []
-    references = {phase: [r for r in results.get(phase, []) if "reference" in r] for phase in ("fast", "slow")}
+    references = {
+        phase: [r for r in results.get(phase, []) if "reference" in r] for phase in ("fast", "slow")
+    }
     if references["fast"]:
         fast = references["fast"]
         rows.append(rounds_row("per-audit cost: audits/s, pages at once", fast, "reference",
@@ -591,7 +601,11 @@ def main() -> int:
                 )
                 if args.baseline:
                     measured["baseline"] = plumb_end_to_end(
-                        args, site, logs, redis_url, tag=f"{phase}-baseline",
+                        args,
+                        site,
+                        logs,
+                        redis_url,
+                        tag=f"{phase}-baseline",
                         checkout=args.baseline.resolve(),
                     )
                 results[phase].append(measured)
