@@ -10,35 +10,37 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, router, transaction
+from django.db.models.constants import OnConflict
 
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
 from outbound.urls import NormalizedURL
 
+PAGE_FIELDS = Page._meta.concrete_fields
+PAGE_WRITTEN_FIELDS = [field for field in PAGE_FIELDS if not field.primary_key]
+
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False, owner=None) -> Page:
-    """The page of `target`, created if new: a lookup, and for a new page one upsert.
+    """The page of `target`, created if new: one upsert that returns the row as it is.
 
-    The upsert (not get_or_create's savepoint, insert and release) keeps a submission
-    to two statements here; two submissions racing to create one page both get its row.
-    A page removed through the API comes back (with its history) as a new page would:
-    listed, re-audited as `reaudit_nightly` says, owned by `owner`: its previous owner
-    let it go. An existing page keeps its choice and its owner (None: anonymous, staff's).
+    INSERT ... ON CONFLICT (url) DO UPDATE ... RETURNING every column: a new page is
+    written as given, an existing one (or one another submission created meanwhile)
+    comes back as stored, in the one statement where a lookup, an insert and a re-read
+    took three (DECISIONS.md, "A submission's page is one upsert"). A page removed
+    through the API comes back (with its history) as a new page would: listed,
+    re-audited as `reaudit_nightly` says, owned by `owner`: its previous owner let it
+    go. An existing page keeps its choice and its owner (None: anonymous, staff's).
     """
-    page = Page.objects.filter(url=target.url).first()
-    if page is None:
-        # On a conflict (another submission created it meanwhile) the row stays as
-        # written, the domain following from the URL, and its id comes back.
-        (page,) = Page.objects.bulk_create(
-            [Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly,
-                  owner=owner)],
-            update_conflicts=True, unique_fields=["url"], update_fields=["domain"],
-        )  # fmt: skip
-        # The upsert returns only the primary key: after a conflict the row's public id and
-        # owner are the winner's, not the ones written here.
-        page.refresh_from_db(fields=["public_id", "owner"])
-        return page
+    written = Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly,
+                   owner=owner)  # fmt: skip
+    # On a conflict the row keeps everything but its domain, which follows from the URL.
+    (values,) = Page.objects._insert(
+        [written], fields=PAGE_WRITTEN_FIELDS, returning_fields=PAGE_FIELDS,
+        on_conflict=OnConflict.UPDATE, update_fields=[Page._meta.get_field("domain")],
+        unique_fields=[Page._meta.get_field("url")],
+    )  # fmt: skip
+    page = Page.from_db(router.db_for_write(Page), [f.attname for f in PAGE_FIELDS], values)
     if page.removed_at is not None:
         Page.objects.filter(id=page.id, removed_at__isnull=False).update(
             removed_at=None, reaudit_nightly=reaudit_nightly, owner=owner

@@ -60,8 +60,11 @@ class Site:
         finally:
             writer.close()
 
-    async def serve(self, port: int) -> None:
-        server = await asyncio.start_server(self.handle, "127.0.0.1", port, backlog=4096)
+    async def serve(self, port: int, hosts: int = 1) -> None:
+        # 127.0.0.1 to 127.0.0.<hosts>: as many hosts to the client (each its own per-host
+        # cap and connection pool) on one loopback interface.
+        addresses = [f"127.0.0.{n}" for n in range(1, hosts + 1)]
+        server = await asyncio.start_server(self.handle, addresses, port, backlog=4096)
         async with server:
             await server.serve_forever()
 
@@ -71,8 +74,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument("--link-host", default="localhost", help="host:port the links point at")
+    parser.add_argument(
+        "--hosts", type=int, default=1, help="answer on 127.0.0.1 to 127.0.0.<hosts>"
+    )
     args = parser.parse_args()
-    asyncio.run(Site(args.delay, args.link_host).serve(args.port))
+    asyncio.run(Site(args.delay, args.link_host).serve(args.port, args.hosts))
 
 
 if __name__ == "__main__":

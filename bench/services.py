@@ -237,15 +237,17 @@ class SessionProcess:
     pool, gunicorn's workers), logging to `logs`/`name`.log. `start()` again after a
     kill, as a supervisor would."""
 
-    def __init__(self, name: str, command: list[str] | str, env: dict, logs: Path):
-        self.name, self.env, self.logs = name, env, logs
+    def __init__(
+        self, name: str, command: list[str] | str, env: dict, logs: Path, cwd: Path = ROOT
+    ):
+        self.name, self.env, self.logs, self.cwd = name, env, logs, cwd
         self.argv = shlex.split(command) if isinstance(command, str) else command
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> SessionProcess:
         with (self.logs / f"{self.name}.log").open("a") as log:
             self.popen = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         return self

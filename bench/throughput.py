@@ -73,6 +73,9 @@ CLIENT_THREADS = 16
 BARE_LOOP_THREADS = 64
 SLOW_DELAY = 0.2
 LINKS = 50
+# Pages are spread over this many hosts (127.0.0.1 to 127.0.0.16, one site answering on
+# each), so the per-host cap (OUTBOUND_PER_HOST_CONCURRENCY) is not what is measured.
+HOSTS = 16
 # Audits run (and not timed) before each end-to-end run: a few per worker process.
 WARM_UP_AUDITS = 16
 
@@ -116,11 +119,18 @@ def answers(url: str) -> bool:
 def start_site(logs: Path, delay: float) -> tuple[SessionProcess, str]:
     port = devservices.free_port()
     command = [PYTHON, "-m", "bench.fast_site", "--port", str(port), "--delay", str(delay),
-               "--link-host", f"localhost:{port}"]  # fmt: skip
+               "--link-host", f"localhost:{port}", "--hosts", str(HOSTS)]  # fmt: skip
     site = SessionProcess(f"site-{delay:g}", command, dict(os.environ), logs).start()
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: answers(f"{base}/"), timeout=20, message="the site")
     return site, base
+
+
+def spread(site: str, path: str, count: int) -> list[str]:
+    """`count` page URLs under `path`, spread over the site's HOSTS hosts in turn."""
+    return [
+        site.replace("127.0.0.1", f"127.0.0.{n % HOSTS + 1}") + f"/{path}/{n}" for n in range(count)
+    ]
 
 
 def in_threads(count: int, threads: int, work) -> list:
@@ -166,7 +176,7 @@ def plain_celery(
         wait_for(lambda: int(client.get(reference.DONE_KEY) or 0) >= 4, timeout=60,
                  message="the plain Celery worker")  # fmt: skip
         client.delete(reference.DONE_KEY)
-        urls = [f"{site}/plain/{n}" for n in range(count)]
+        urls = spread(site, "plain", count)
         if api:
             started, _ = submit(api, urls)
         else:
@@ -229,29 +239,31 @@ def _celery_ready(log: Path, since: int) -> bool:
 
 def bare_loop(site: str, count: int) -> dict:
     started = time.time()
-    in_threads(count, BARE_LOOP_THREADS, lambda n: fetch_and_parse(f"{site}/p/{n}"))
+    urls = spread(site, "p", count)
+    in_threads(count, BARE_LOOP_THREADS, lambda n: fetch_and_parse(urls[n]))
     elapsed = time.time() - started
     return {"per_second": count / elapsed, "seconds": elapsed}
 
 
 # --- Plumb -----------------------------------------------------------------------------
-def stack_commands(env: dict) -> dict[str, str]:
-    """The command line of each process `make run` starts, under `env`."""
+def stack_commands(env: dict, checkout: Path = ROOT) -> dict[str, str]:
+    """The command line of each process `make run` starts from `checkout`, under `env`."""
     printed = subprocess.run(
         [PYTHON, "-c", "import django, json; django.setup(); "
          "from devstack.management.commands.runstack import stack_commands; "
          "print(json.dumps(stack_commands()))"],
-        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        cwd=checkout, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return json.loads(printed.stdout)
 
 
 class Stack:
-    """Plumb's web and audits worker, as `make run` starts them, on a fresh database."""
+    """Plumb's web and audits worker, as `make run` starts them from `checkout` (this one,
+    or another commit's worktree run with this one's virtualenv), on a fresh database."""
 
-    def __init__(self, args, logs: Path, redis_url: str):
-        self.logs, self.redis_url = logs, redis_url
+    def __init__(self, args, logs: Path, redis_url: str, checkout: Path = ROOT):
+        self.logs, self.redis_url, self.checkout = logs, redis_url, checkout
         if args.database == "postgres":
             self.database_url, self.drop = create_database(sqlite_fallback=False)
         else:
@@ -263,15 +275,17 @@ class Stack:
             "WEB_PORT": str(self.port), "PLUMB_VAR_DIR": str(logs / "var"),
         }  # fmt: skip
         subprocess.run([PYTHON, "manage.py", "migrate", "--verbosity", "0"],
-                       cwd=ROOT, env=self.env, check=True)  # fmt: skip
+                       cwd=checkout, env=self.env, check=True)  # fmt: skip
         redis.Redis.from_url(redis_url).flushdb()
-        self.commands = stack_commands(self.env)
+        self.commands = stack_commands(self.env, checkout)
         self.api = f"http://127.0.0.1:{self.port}"
         self.web = None
         self.workers: list[SessionProcess] = []
 
     def start_web(self) -> None:
-        self.web = SessionProcess("web", self.commands["web"], self.env, self.logs).start()
+        self.web = SessionProcess(
+            "web", self.commands["web"], self.env, self.logs, self.checkout
+        ).start()
         wait_for(lambda: answers(f"{self.api}/healthz"), timeout=60, message="the web process")
 
     def start_workers(self) -> None:
@@ -279,7 +293,8 @@ class Stack:
         names = [name for name in self.commands if name.startswith("worker-audits")]
         since = {name: _log_size(self.logs / f"{name}.log") for name in names}
         self.workers = [
-            SessionProcess(name, self.commands[name], self.env, self.logs).start() for name in names
+            SessionProcess(name, self.commands[name], self.env, self.logs, self.checkout).start()
+            for name in names
         ]
         for name in names:
             wait_for(lambda name=name: _celery_ready(self.logs / f"{name}.log", since[name]), timeout=60,
@@ -314,15 +329,22 @@ class Stack:
 
 
 def plumb_end_to_end(
-    args, site: str, logs: Path, redis_url: str, *, tag: str, profiled: bool = False
+    args,
+    site: str,
+    logs: Path,
+    redis_url: str,
+    *,
+    tag: str,
+    profiled: bool = False,
+    checkout: Path = ROOT,
 ) -> dict:
-    stack = Stack(args, logs, redis_url)
+    stack = Stack(args, logs, redis_url, checkout)
     try:
         stack.start_web()
         stack.start_workers()
         # Warmed up as the references are: each process has loaded what a first request or
         # task loads (the reference's worker runs a task on each process before it is timed).
-        stack.submit([f"{site}/{tag}-warm/{n}" for n in range(WARM_UP_AUDITS)])
+        stack.submit(spread(site, f"{tag}-warm", WARM_UP_AUDITS))
         wait_for(lambda: stack.finished()[0] >= WARM_UP_AUDITS, timeout=120,
                  message="the warm-up audits", interval=0.2)  # fmt: skip
         memory = PeakRSS(stack.workers)
@@ -330,14 +352,18 @@ def plumb_end_to_end(
         profilers = profile(args, stack, tag) if profiled else []
         roles = {"web": [stack.web], "audits workers": stack.workers}
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
+        commands_before = redis_commands(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
-        started, submitted = stack.submit([f"{site}/{tag}/{n}" for n in range(args.count)])
+        started, submitted = stack.submit(spread(site, tag, args.count))
         count, failed, latest = wait_for(
             lambda: (row := stack.finished())[0] >= WARM_UP_AUDITS + args.count and row,
             timeout=900, message="the audits", interval=0.2,
         )  # fmt: skip
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
+        commands = {name: (calls - commands_before.get(name, 0)) / args.count
+                    for name, calls in redis_commands(redis_url).items()
+                    if calls > commands_before.get(name, 0)}  # fmt: skip
         # Every core's busy time over the run, every process included (Redis, the site, the
         # clients): how near the machine itself is to its limit.
         busy = (machine_busy_seconds() - busy_before) / (
@@ -354,8 +380,16 @@ def plumb_end_to_end(
         "per_second": args.count / elapsed, "seconds": elapsed, "failed": failed,
         "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
         "audits_workers": len(stack.workers),
-        "cpu_ms_per_audit": cpu_ms, "machine_busy": busy,
+        "cpu_ms_per_audit": cpu_ms, "cpu_ms_per_audit_total": sum(cpu_ms.values()),
+        "redis_commands_per_audit": dict(sorted(commands.items(), key=lambda kv: -kv[1])),
+        "machine_busy": busy,
     }  # fmt: skip
+
+
+def redis_commands(redis_url: str) -> dict[str, int]:
+    """Calls of each command Redis has served since it started (INFO commandstats)."""
+    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    return {name.removeprefix("cmdstat_"): fields["calls"] for name, fields in stats.items()}
 
 
 def cpu_seconds(processes: list[SessionProcess]) -> float:
@@ -393,15 +427,15 @@ def submissions(args, site: str, logs: Path, redis_url: str) -> dict:
     stack = Stack(args, logs, redis_url)
     try:
         stack.start_web()
-        stack.submit([f"{site}/warm/{n}" for n in range(50)])
-        started, ended = stack.submit([f"{site}/submit/{n}" for n in range(args.count)])
+        stack.submit(spread(site, "warm", 50))
+        started, ended = stack.submit(spread(site, "submit", args.count))
         plumb = args.count / (ended - started)
     finally:
         stack.stop()
     view = ReferenceView(args, stack.commands["web"], redis_url, logs, queue="reference")
     try:
-        submit(view.api, [f"{site}/warm/{n}" for n in range(50)])
-        started, ended = submit(view.api, [f"{site}/ref/{n}" for n in range(args.count)])
+        submit(view.api, spread(site, "warm", 50))
+        started, ended = submit(view.api, spread(site, "ref", args.count))
         minimal = args.count / (ended - started)
     finally:
         view.stop()
@@ -455,20 +489,23 @@ def rounds_row(measure: str, rounds: list[dict], reference: str, name: str, goal
 
 def report(results: dict, args) -> None:
     rows = []
-    if "fast" in results:
-        fast = results["fast"]
+    references = {
+        phase: [r for r in results.get(phase, []) if "reference" in r] for phase in ("fast", "slow")
+    }
+    if references["fast"]:
+        fast = references["fast"]
         rows.append(rounds_row("per-audit cost: audits/s, pages at once", fast, "reference",
                                "plain Celery", ">= 0.5x"))  # fmt: skip
         rows.append(rounds_row("the same, both submitted over HTTP", fast, "reference_over_http",
                                "minimal view + plain Celery", ">= 0.5x"))  # fmt: skip
-    if "slow" in results:
-        rows.append(rounds_row("concurrency: audits/s, pages after 200 ms", results["slow"],
+    if references["slow"]:
+        rows.append(rounds_row("concurrency: audits/s, pages after 200 ms", references["slow"],
                                "reference", "bare 64-thread loop", ">= 0.5x"))  # fmt: skip
     if "submit" in results:
         submit = results["submit"]
         rows.append(rounds_row("submissions/s, 16 threads", submit, "reference", "minimal view",
                                ">= 0.7x"))  # fmt: skip
-        if "fast" in results:
+        if references["fast"]:
             submissions = median(r["plumb"]["per_second"] for r in submit)
             audits = median(r["plumb"]["per_second"] for r in results["fast"])
             rows.append(("submissions/s against audits/s", submissions,
@@ -488,6 +525,14 @@ def report(results: dict, args) -> None:
             f"| {measure:<44} | {value:7.1f} | {against:<34} | {ratio:.2f}x | {goal:<7} | {''.join(each)} |"
         )
     for phase in ("fast", "slow"):
+        baseline = [r for r in results.get(phase, []) if "baseline" in r]
+        if baseline:
+            new = [r["plumb"]["cpu_ms_per_audit_total"] for r in baseline]
+            old = [r["baseline"]["cpu_ms_per_audit_total"] for r in baseline]
+            print(f"{phase}: CPU ms per audit, web + audits workers: this checkout "
+                  f"{median(new):.1f}, {args.baseline} {median(old):.1f}, ratio "
+                  f"{median(n / o for n, o in zip(new, old, strict=True)):.2f}x (goal <= 0.5x; "
+                  f"each round {' / '.join(f'{n:.1f} vs {o:.1f}' for n, o in zip(new, old, strict=True))})")  # fmt: skip
         for n, measured in enumerate(results.get(phase, []), start=1):
             plumb = measured["plumb"]
             print(f"{phase} round {n}: {plumb['audits_workers']} audits worker(s), peak RSS together "
@@ -496,6 +541,12 @@ def report(results: dict, args) -> None:
                   f"{plumb['submissions_per_second']:.0f}/s; machine busy "
                   f"{plumb['machine_busy']:.0%}; CPU ms per audit: "
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip
+            print(f"{phase} round {n}: Redis commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
+                  + ", ".join(f"{name} {calls:.1f}" for name, calls in plumb["redis_commands_per_audit"].items() if calls >= 0.1))  # fmt: skip
+            if "baseline" in measured:
+                old = measured["baseline"]
+                print(f"{phase} round {n}, {args.baseline}: {old['per_second']:.1f} audits/s; CPU ms per "
+                      "audit: " + ", ".join(f"{name} {ms:.1f}" for name, ms in old["cpu_ms_per_audit"].items()))  # fmt: skip
 
 
 def main() -> int:
@@ -511,6 +562,14 @@ def main() -> int:
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--profile", type=Path, help="py-spy the end-to-end runs into this folder")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="CHECKOUT",
+        help="also run Plumb's end to end from this checkout (another commit's worktree, run "
+        "with this virtualenv) right after this one's, in each round of `fast` and `slow`, "
+        "and report both CPU costs per audit and their ratio",
+    )  # fmt: skip
+    parser.add_argument("--skip-references", action="store_true",
+                        help="run only Plumb (and --baseline) in `fast` and `slow`")  # fmt: skip
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="plumb-throughput-"))
@@ -527,7 +586,9 @@ def main() -> int:
                 continue
             results[phase] = []
             for n in range(args.rounds):
-                if phase == "fast":
+                if args.skip_references:
+                    measured = {}
+                elif phase == "fast":
                     measured = {
                         "reference": plain_celery(site, args.count, redis_url, logs),
                         "reference_over_http": plain_celery_over_http(args, site, logs, redis_url),
@@ -538,6 +599,15 @@ def main() -> int:
                 measured["plumb"] = plumb_end_to_end(
                     args, site, logs, redis_url, tag=phase, profiled=bool(args.profile) and n == 0
                 )
+                if args.baseline:
+                    measured["baseline"] = plumb_end_to_end(
+                        args,
+                        site,
+                        logs,
+                        redis_url,
+                        tag=f"{phase}-baseline",
+                        checkout=args.baseline.resolve(),
+                    )
                 results[phase].append(measured)
                 print(f"{phase} round {n + 1}:", json.dumps(measured), flush=True)
         if "submit" in args.phases:

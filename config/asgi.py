@@ -2,11 +2,13 @@
 
 An event loop reads each request's line, headers and body, so a client that trickles
 them holds a socket, not a worker: with sync workers three such clients took /healthz
-down (BENCHMARKS.md, "Slow clients"). Django's views stay synchronous.
+down (BENCHMARKS.md, "Slow clients"). The complete request then goes to Django's WSGI
+handler in one of `WEB_THREADS` threads (config.wsgi_threads): one hop from the loop to
+a thread and back, where Django's ASGI handler made several, half a submission's CPU.
 
-Django's ASGI handler reads a whole body into a temporary file before any view or
-setting looks at it, however large, and gunicorn only gives up on a body after 30 s
-without a byte. `BoundedBody` reads the body first: at most `API_MAX_BODY_BYTES` (no
+A server reads a whole body before any view or setting looks at it, however large,
+and gunicorn only gives up on a body after 30 s without a byte. `BoundedBody` reads
+the body first: at most `API_MAX_BODY_BYTES` (no
 request Plumb serves needs more), within `WEB_BODY_READ_TIMEOUT_SECONDS`, so a stalled
 or endless upload costs one small buffer for a few seconds (BENCHMARKS.md, "Stalled
 request bodies"; DECISIONS.md says what a WSGI server would need instead).
@@ -20,11 +22,13 @@ import gc
 import json
 import os
 
-from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
+
+from config.wsgi_threads import WSGIThreads
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-django_application = get_asgi_application()
+django_wsgi_application = get_wsgi_application()
 
 from django.conf import settings  # noqa: E402 (after Django is set up)
 
@@ -125,7 +129,9 @@ async def _refuse(send, status: int, code: str, message: str):
 malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 application = BoundedBody(
-    django_application, settings.API_MAX_BODY_BYTES, settings.WEB_BODY_READ_TIMEOUT_SECONDS
+    WSGIThreads(django_wsgi_application, settings.WEB_THREADS),
+    settings.API_MAX_BODY_BYTES,
+    settings.WEB_BODY_READ_TIMEOUT_SECONDS,
 )
 # What Django and the app built at start-up lives as long as the process: frozen, a full
 # collection (BoundedBody._collect, and Python's own) walks only the rest, in tens of

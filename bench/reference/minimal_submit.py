@@ -75,12 +75,11 @@ def application(database: str, broker_url: str, queue: str):
 
 
 def asgi_application(database: str, broker_url: str, queue: str):
-    """The same view behind Django's ASGI handler, for the web line `make run` uses
-    (gunicorn's asgi workers)."""
-    application(database, broker_url, queue)  # configures Django and adds the route
-    from django.core.asgi import get_asgi_application
+    """The same view behind the web line `make run` uses: gunicorn's asgi workers
+    handing complete requests to Django's WSGI handler in a thread (config.wsgi_threads)."""
+    from config.wsgi_threads import WSGIThreads
 
-    return get_asgi_application()
+    return WSGIThreads(application(database, broker_url, queue), threads=1)
 
 
 urlpatterns: list = []
