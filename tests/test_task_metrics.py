@@ -67,7 +67,8 @@ def test_a_flaky_audit_counts_its_attempts_retries_and_one_completion(site, star
 
     hour = stats("1h")["totals"]
     assert (hour["completions"], hour["retry_attempts"], hour["first_attempts"]) == (1, 2, 1)
-    assert (hour["downstream_requests"], hour["unique_jobs"], hour["amplification"]) == (3, 1, 3.0)
+    # The page's three attempts, and its host's robots.txt read once for the findings.
+    assert (hour["downstream_requests"], hour["unique_jobs"], hour["amplification"]) == (4, 1, 4.0)
 
     events = json_events(worker)
     started = [e for e in events if e["event"] == "task.started"]
@@ -129,7 +130,7 @@ def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worke
     assert not [key for key in samples if key[0] == "plumb_task_attempts_total"]
 
 
-def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request_each(
+def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_and_one_robots_txt(
     site, start_worker, admin_client
 ):
     worker = start_worker("audits", concurrency=2)
@@ -141,12 +142,15 @@ def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request
         timeout=10, message="ten completions",
     )  # fmt: skip
 
+    # One request a page, and the host's robots.txt read once for all ten (the robots-txt
+    # and is-crawlable findings: once per host per ROBOTS_FRESH_SECONDS).
+    assert site.hits["/robots.txt"] == 1
     # /api/stats (and the dashboard, which draws the same numbers).
     totals = admin_client.get("/api/stats").json()["totals"]
-    assert (totals["unique_jobs"], totals["downstream_requests"]) == (10, 10)
-    assert (totals["completions"], totals["amplification"]) == (10, 1.0)
+    assert (totals["unique_jobs"], totals["downstream_requests"]) == (10, 11)
+    assert (totals["completions"], totals["amplification"]) == (10, 1.1)
     dashboard = admin_client.get("/dashboard/").content.decode()
-    assert '<b data-total="amplification">1.0×</b>' in dashboard
+    assert '<b data-total="amplification">1.1×</b>' in dashboard
     assert '<b data-total="completions">10</b>' in dashboard
     # The README's PromQL: downstream requests over first attempts (one per job).
     samples = scrape()
@@ -156,5 +160,5 @@ def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_one_request
     first_attempts = sum(
         v for (name, _), v in samples.items() if name == "plumb_task_first_attempts_total"
     )
-    assert (requests, first_attempts) == (10, 10)
-    assert round(requests / first_attempts, 2) == 1.00
+    assert (requests, first_attempts) == (11, 10)
+    assert round(requests / first_attempts, 2) == 1.10
