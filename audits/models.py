@@ -111,10 +111,9 @@ class AuditQuerySet(models.QuerySet):
         out inside the finish's transaction (a callback URL's delivery is owed with it).
         """
         finished_at = timezone.now()
-        fields = {"status": status, "result": result, "error": error, "finished_at": finished_at}
-        unfinished = self.filter(id=audit_id).exclude(status__in=Audit.FINISHED)
+        fields = {"result": result, "error": error, "finished_at": finished_at}
         with transaction.atomic():
-            row = unfinished.values_list("page_id", "callback_url").first()
+            row = AUDIT_JOB.unfinished(audit_id).values_list("page_id", "callback_url").first()
             if row is None:
                 return False
             page_id, callback_url = row
@@ -137,7 +136,7 @@ class AuditQuerySet(models.QuerySet):
                 ):
                     page_fields["failing_checks"] = sorted(failing_checks(result or {}))
             # Still conditional: a finisher racing this one since the read changes nothing.
-            updated = unfinished.update(**fields)
+            updated = AUDIT_JOB.finish(audit_id, status, **fields)
             if updated and page_fields:
                 Page.objects.filter(id=page_id).update(**page_fields)
             if updated:

@@ -131,12 +131,7 @@ def reset_failed(delivery: Delivery, *, task_id: str) -> bool:
 
 def pending_url(delivery_id: str) -> str | None:
     """Where an unfinished delivery goes; None once it is finished or deleted."""
-    return (
-        Delivery.objects.filter(id=delivery_id)
-        .exclude(status__in=Delivery.FINISHED)
-        .values_list("url", flat=True)
-        .first()
-    )
+    return DELIVERY_JOB.unfinished(delivery_id).values_list("url", flat=True).first()
 
 
 def run_delivery(delivery_id: str) -> Outcome:
