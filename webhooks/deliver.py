@@ -28,6 +28,7 @@ from audits.models import Audit
 from audits.summary import abridged_changes, abridged_result
 from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, RateLimited, Transient
+from jobs.policy import infrastructure_away
 from outbound.hostslots import call_lease
 from outbound.integrations import webhook
 from webhooks.models import DELIVERY_JOB, Delivery
@@ -183,11 +184,13 @@ def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
             return
         try:
             yield lease
-        except BaseException:
+        except BaseException as error:
             # Whatever ended the attempt, the row must not say `delivering` once the lease
-            # is free: a waiting copy would take that for a dead holder and try again.
-            Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).update(
-                status=Delivery.Status.RETRYING
+            # is free: a waiting copy would take that for a dead holder and try again. It
+            # waits, due now until the task writes its wait (the reconciler owes it if that
+            # write never comes); an outage gives the attempt back, as the task's rule does.
+            DELIVERY_JOB.wait(
+                delivery_id, seconds=0, attempt_spent=not infrastructure_away(error)
             )
             raise
     finally:
