@@ -192,14 +192,12 @@ def _delay(policy: RetryPolicy, reason: Reason, *, step: int, after: float | Non
     return wait * rng.uniform(JITTER_LOW, JITTER_HIGH) if jitter else wait
 
 
-def longest_held_countdown(queue: str, time_limit: float | None) -> float:
+def longest_held_countdown(queue: str, lease: float) -> float:
     """The longest wait a worker of `queue` may hold as an ETA message.
 
     A held message is redelivered once it has been unacked longer than the queue's
-    visibility timeout, and it is held for the countdown plus the run, so the
-    countdown leaves room for the task's hard time limit and a margin. Anything
-    longer goes to the delayed store (jobs.delayed).
+    visibility timeout, and it is held for the countdown plus the run, so the countdown
+    leaves room for the attempt's lease (its deadline's hard limit and slack:
+    jobs.deadlines). Anything longer goes to the delayed store (jobs.delayed).
     """
-    visibility = settings.QUEUE_VISIBILITY_TIMEOUTS[queue]
-    margin = max(10.0, 0.1 * visibility)
-    return max(0.0, visibility - (time_limit or 0) - margin)
+    return max(0.0, settings.QUEUE_VISIBILITY_TIMEOUTS[queue] - lease)

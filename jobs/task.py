@@ -393,7 +393,7 @@ class PlumbTask(Task):
         held = (
             reason == RETRY
             and self.policy.countdowns_held
-            and seconds <= longest_held_countdown(queue, self.time_limit)
+            and seconds <= longest_held_countdown(queue, self._lease())
         )
         # A retry spends an attempt; a deferral or a park does not.
         retries = request.retries + 1 if reason == RETRY else request.retries
