@@ -2,13 +2,17 @@
 newspaper4k 0.9.6 sdist's tests/data/html (MIT; Arabic, Burmese, Chinese, Japanese,
 Korean, Latvian, Thai, Spanish, English news sites).
 
-`pip download` fetches the sdist into var/html-corpus (git-ignored), its sha256 is
-checked against the pin, and the pages are read straight from the tarball.
+`pip download` fetches the sdist once per machine into the user's cache
+(`$XDG_CACHE_HOME/plumb/html-corpus`, by default `~/.cache/plumb/html-corpus`), so a fresh
+clone does not download it again: pip prepares an sdist's metadata in an isolated build
+environment, seconds to a minute of a CI run. Its sha256 is checked against the pin on
+every read, and the pages are read straight from the tarball.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -17,7 +21,7 @@ from pathlib import Path
 SDIST = "newspaper4k-0.9.6.tar.gz"
 SDIST_SHA256 = "a3f2f0e017dddb6f1019ee77aaa8980e13e6ecea0b949abc7167aae4770d2d0e"
 PAGES_DIR = "newspaper4k-0.9.6/tests/data/html/"
-CACHE = Path(__file__).resolve().parent.parent / "var" / "html-corpus"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "plumb" / "html-corpus"
 
 
 class CorpusUnavailable(RuntimeError):
