@@ -9,6 +9,14 @@ the audits worker during the end-to-end run. Each sample here is attributed to t
 deepest step its stack is in (a log line written while fetching is logging, not
 fetch), and the step's share of the samples is spread over the audits of the run:
 milliseconds of CPU (the GIL held) per submission and per audit.
+
+A `--gil` sample is wall time of the thread holding the GIL, not CPU time. On a loaded
+machine a thread can hold the GIL while it waits for a core, and an audits worker's main
+thread (kombu and Celery's consumer) does so far more than its task threads: on
+2026-12-06 this breakdown gave the consumer 57 % of the worker while `/proc` per thread,
+perf and a CPU-clock sampler all gave it about 9 % (DECISIONS.md, "The broker side of an
+audit"). So read the broker step's cost from bench/throughput.py's "the workers' main
+threads" figure (their CPU from `/proc`), and the other steps' shares among themselves.
 """
 
 from __future__ import annotations

@@ -210,6 +210,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """CPU time (user + system) of one thread of a live process; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pids_named(name: str) -> list[int]:
     """Every process whose command name is `name` (`postgres`: the server and its backends)."""
     found = []

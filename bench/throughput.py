@@ -63,6 +63,7 @@ from bench.services import (  # noqa: E402
     create_database,
     machine_busy_seconds,
     start_redis,
+    thread_cpu_seconds,
 )
 from config import devservices  # noqa: E402
 from tests.workers import wait_for  # noqa: E402
@@ -246,10 +247,17 @@ def bare_loop(site: str, count: int) -> dict:
 
 
 # --- Plumb -----------------------------------------------------------------------------
+def python_of(checkout: Path) -> str:
+    """The interpreter that runs `checkout`: its own virtualenv when it has one (another
+    commit's dependencies, say one without a package this checkout added), else this one."""
+    own = checkout / ".venv" / "bin" / "python"
+    return str(own) if checkout != ROOT and own.exists() else PYTHON
+
+
 def stack_commands(env: dict, checkout: Path = ROOT) -> dict[str, str]:
     """The command line of each process `make run` starts from `checkout`, under `env`."""
     printed = subprocess.run(
-        [PYTHON, "-c", "import django, json; django.setup(); "
+        [python_of(checkout), "-c", "import django, json; django.setup(); "
          "from devstack.management.commands.runstack import stack_commands; "
          "print(json.dumps(stack_commands()))"],
         cwd=checkout, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
@@ -274,7 +282,7 @@ class Stack:
             **os.environ, **STACK_ENV, "REDIS_URL": redis_url, "DATABASE_URL": self.database_url,
             "WEB_PORT": str(self.port), "PLUMB_VAR_DIR": str(logs / "var"),
         }  # fmt: skip
-        subprocess.run([PYTHON, "manage.py", "migrate", "--verbosity", "0"],
+        subprocess.run([python_of(checkout), "manage.py", "migrate", "--verbosity", "0"],
                        cwd=checkout, env=self.env, check=True)  # fmt: skip
         redis.Redis.from_url(redis_url).flushdb()
         self.commands = stack_commands(self.env, checkout)
@@ -352,6 +360,7 @@ def plumb_end_to_end(
         profilers = profile(args, stack, tag) if profiled else []
         roles = {"web": [stack.web], "audits workers": stack.workers}
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
+        consumer_before = main_thread_cpu_seconds(stack.workers)
         commands_before = redis_commands(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
         started, submitted = stack.submit(spread(site, tag, args.count))
@@ -361,6 +370,7 @@ def plumb_end_to_end(
         )  # fmt: skip
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
+        consumer_ms = (main_thread_cpu_seconds(stack.workers) - consumer_before) * 1000 / args.count
         commands = {name: (calls - commands_before.get(name, 0)) / args.count
                     for name, calls in redis_commands(redis_url).items()
                     if calls > commands_before.get(name, 0)}  # fmt: skip
@@ -381,6 +391,7 @@ def plumb_end_to_end(
         "submissions_per_second": args.count / (submitted - started), "worker_rss": peak,
         "audits_workers": len(stack.workers),
         "cpu_ms_per_audit": cpu_ms, "cpu_ms_per_audit_total": sum(cpu_ms.values()),
+        "consumer_cpu_ms_per_audit": consumer_ms,
         "redis_commands_per_audit": dict(sorted(commands.items(), key=lambda kv: -kv[1])),
         "machine_busy": busy,
     }  # fmt: skip
@@ -394,6 +405,13 @@ def redis_commands(redis_url: str) -> dict[str, int]:
 
 def cpu_seconds(processes: list[SessionProcess]) -> float:
     return sum(process.cpu_seconds() for process in processes)
+
+
+def main_thread_cpu_seconds(processes: list[SessionProcess]) -> float:
+    """CPU time of the main thread of every process of the sessions: in a threads worker, the
+    one that runs kombu and Celery's consumer (the broker read, the unacked bookkeeping, the
+    dispatch to a thread and the acknowledgement); the tasks run in the others."""
+    return sum(thread_cpu_seconds(pid, pid) for process in processes for pid in process.pids())
 
 
 def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
@@ -540,13 +558,17 @@ def report(results: dict, args) -> None:
                   f"{plumb['failed']} failed, submissions during the run "
                   f"{plumb['submissions_per_second']:.0f}/s; machine busy "
                   f"{plumb['machine_busy']:.0%}; CPU ms per audit: "
-                  + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items()))  # fmt: skip
+                  + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items())
+                  + f" (of which the workers' main threads, kombu and Celery's consumer, "
+                  f"{plumb['consumer_cpu_ms_per_audit']:.1f})")  # fmt: skip
             print(f"{phase} round {n}: Redis commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
                   + ", ".join(f"{name} {calls:.1f}" for name, calls in plumb["redis_commands_per_audit"].items() if calls >= 0.1))  # fmt: skip
             if "baseline" in measured:
                 old = measured["baseline"]
                 print(f"{phase} round {n}, {args.baseline}: {old['per_second']:.1f} audits/s; CPU ms per "
-                      "audit: " + ", ".join(f"{name} {ms:.1f}" for name, ms in old["cpu_ms_per_audit"].items()))  # fmt: skip
+                      "audit: " + ", ".join(f"{name} {ms:.1f}" for name, ms in old["cpu_ms_per_audit"].items())
+                      + (f" (the workers' main threads {old['consumer_cpu_ms_per_audit']:.1f})"
+                         if "consumer_cpu_ms_per_audit" in old else ""))  # fmt: skip
 
 
 def main() -> int:

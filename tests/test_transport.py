@@ -1,4 +1,5 @@
-"""jobs.transport: the one private kombu method it overrides is the version reviewed."""
+"""jobs.transport: the one private kombu method it overrides is the version reviewed, and
+redis-py parses the broker's replies in C."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import inspect
 
 import pytest
 from kombu.transport import redis
+from redis import connection as redis_connection
+from redis._parsers import _HiredisParser
 
+from config.redis import redis_client
 from jobs.transport import Channel, UnreadableEnvelope
 
 # sha256 of `inspect.getsource(kombu.transport.redis.Channel._brpop_read)` in kombu 5.7.0,
@@ -44,3 +48,16 @@ def test_an_envelope_becomes_kombus_message():
     envelope = {"body": "eA==", "properties": {"delivery_tag": "t", "body_encoding": "base64"}}
     message = Channel.Message(envelope, channel=object.__new__(Channel))
     assert (message.body, message.delivery_tag) == (b"x", "t")
+
+
+def test_redis_replies_are_parsed_in_c():
+    """hiredis is what redis-py parses every reply with, the broker's included (kombu's
+    channels build their clients from redis-py's default connection class). Without it
+    redis-py falls back to its Python parser silently, at about a fifth more CPU for each
+    reply (DECISIONS.md, "The broker side of an audit")."""
+    assert redis_connection.DefaultParser is _HiredisParser
+    connection = redis_client().connection_pool.make_connection()
+    try:
+        assert isinstance(connection._parser, _HiredisParser)
+    finally:
+        connection.disconnect()
