@@ -7,8 +7,10 @@
 - `create_database()`: a fresh database next to DATABASE_URL's (PostgreSQL, the local
   one when DATABASE_URL is not set) or a temporary SQLite file, with its dropper.
 - `QuietHandler`: the base of a benchmark's downstream site on 127.0.0.1.
+- `SlowPages`: such a site whose every page answers after a given time, counting fetches.
 - `SessionProcess`: a process of the stack under test in its own session, logging to a
   file, with the memory and CPU of its whole session (main process and children).
+- `wait_until()`: poll a predicate until it holds or a bound passes.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -183,6 +187,45 @@ class QuietHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out first: that is what a slow downstream is for
+
+
+class SlowPages(ThreadingHTTPServer):
+    """A downstream on 127.0.0.1 whose every page (robots.txt too) answers after `seconds`;
+    `fetches` counts the requests per path."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.fetches: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", devservices.free_port()), _SlowPageHandler)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _SlowPageHandler(QuietHandler):
+    def do_GET(self):
+        with self.server.lock:
+            self.server.fetches[self.path] += 1
+        time.sleep(self.server.seconds)
+        self.send_html(200, b"<html><head><title>A page</title></head><body>ok</body></html>")
+
+
+def wait_until(predicate, timeout: float, what: str, *, fail: bool = True) -> bool:
+    """Poll `predicate` every half second until it holds (True) or `timeout` passes:
+    SystemExit then, or False with `fail=False`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    if fail:
+        raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
+    return False
 
 
 def rss_kib(pid: int) -> int:
