@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -69,15 +70,18 @@ def start_redis():
 class PrivateRedis:
     """A redis-server on a free port, never persisted: `restart_empty()` stops it and starts
     it again with nothing in it, as a Redis that lost its data (a crash, a new host) does.
+    `persistent=True`: an append-only file written at every command, so a stop (SIGTERM,
+    which is SHUTDOWN) and a start keep every write.
 
     A broker set-up for the soak: `stack_env()` is what the stack's processes are given to
     reach it (a Sentinel set-up gives its own; bench/soak.py `--sentinel`).
     """
 
-    def __init__(self):
+    def __init__(self, *, persistent: bool = False):
         self.port = devservices.free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
         self.process: subprocess.Popen | None = None
+        self.extra_args = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
 
     @property
     def url(self) -> str:
@@ -90,7 +94,7 @@ class PrivateRedis:
         return {"redis-server": self.process.pid} if self.process else {}
 
     def start(self) -> PrivateRedis:
-        self.process = devservices.start_redis(self.port, self.data_dir)
+        self.process = devservices.start_redis(self.port, self.data_dir, extra_args=self.extra_args)
         return self
 
     def stop(self) -> None:
@@ -205,6 +209,11 @@ class SlowPages(ThreadingHTTPServer):
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request, client_address):
+        # A client that dropped its kept-alive connection (a worker cut off mid-run) is no error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _SlowPageHandler(QuietHandler):
