@@ -111,6 +111,36 @@ def test_a_wait_long_past_due_is_published_again_at_once_keeping_its_attempts(re
     assert redis_client.lrange("audits", 0, -1)[0].count(b'"retries": 2') == 1
 
 
+# --- A copy of a job that was not lost ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_copy_of_an_audit_in_flight_waits_for_it_and_never_runs_it_twice(
+    site, start_worker, redis_client, transactional_db
+):
+    # After a Redis restart that kept its data, the reconciler cannot tell which messages
+    # survived and publishes every recent row again: a copy that met its original in
+    # flight claimed the running row again, counted a second attempt and fetched the page
+    # a second time (bench/outages.py, redis-20s-kept: 14 of 60 audits).
+    worker = start_worker("audits", concurrency=2, pool="threads")
+    audit = submission.submit_audit(normalize_url(f"{site.base_url}/slow?delay=3"))
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=30, message="the audit's fetch")
+    row = Audit.objects.get(id=audit.id)
+    assert reconcile.publish_owed(
+        AUDIT_JOB.task, args=[str(audit.id)], task_id=row.task_id, queue=AUDIT_JOB.queue,
+        retries=row.attempts,
+    )  # fmt: skip
+
+    def settled() -> bool:
+        # The copy ran after the original and found it finished, or ran beside it.
+        done = Audit.objects.get(id=audit.id).status == "succeeded"
+        return done and ("audit.skipped" in worker.output() or site.hits["/slow"] > 1)
+
+    wait_for(settled, timeout=60, message="the audit and its copy")
+    assert (Audit.objects.get(id=audit.id).attempts, site.hits["/slow"]) == (1, 1)
+    assert "task.duplicate_in_flight" in worker.output()
+
+
 # --- Redis came back empty, or behind ----------------------------------------------------
 
 
