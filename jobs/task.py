@@ -109,6 +109,10 @@ def _type_name(expected) -> str:
     return getattr(expected, "__name__", None) or str(expected)
 
 
+# A run's in-flight key this old, its row not in an attempt, belongs to no live run.
+STALE_FLIGHT_SECONDS = 10.0
+
+
 def in_flight_key(task_id: str) -> str:
     return f"jobs:in-flight:{task_id}"
 
@@ -237,6 +241,7 @@ class PlumbTask(Task):
             if not delayed.claim(self._headers(request)):
                 log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
                 return None
+            self._check_arguments(args, kwargs)
             alone = self._take_flight()
         except INFRASTRUCTURE_UNAVAILABLE as exc:
             # Redis or the database, not the message, is at fault: wait it out.
@@ -251,7 +256,6 @@ class PlumbTask(Task):
                        why="another copy of this job is in flight", on_row=False)  # fmt: skip
         try:
             try:
-                self._check_arguments(args, kwargs)
                 host = self.downstream_host(args, kwargs)
             except INFRASTRUCTURE_UNAVAILABLE as exc:
                 return self._after_error(exc)
@@ -294,7 +298,24 @@ class PlumbTask(Task):
         if client.set(key, token, nx=True, px=int(lapse * 1000)):
             return True
         holder = client.get(key)
-        return holder is None or holder.decode() == token
+        if holder is None or holder.decode() == token:
+            return True
+        # A run that ended while Redis was away could not delete its key (a run held in
+        # the worker past its budget): its copy waited out the whole lapse, and the last
+        # audit of a 20 s outage succeeded 95 s after it. A key that old whose row is not
+        # in an attempt has no live run behind it: take it over. A holder still between
+        # taking the key and claiming the row is milliseconds old, not seconds.
+        age = lapse - max(0, client.pttl(key)) / 1000
+        if age >= STALE_FLIGHT_SECONDS and not self._row_running(request.args):
+            client.set(key, token, px=int(lapse * 1000))
+            return True
+        return False
+
+    def _row_running(self, args) -> bool:
+        job = self.job
+        if not args:
+            return False
+        return job.model.objects.filter(pk=args[0], **{job.status_field: job.running}).exists()
 
     def _leave_flight(self) -> None:
         if self.job is None:
