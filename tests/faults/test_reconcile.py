@@ -7,11 +7,13 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from audits import submission
 from audits.models import AUDIT_JOB, Audit, LinkCheck, SharedLink
 from jobs import delayed, lifecycle, reconcile
+from jobs import task as task_module
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from tests.broker import queued
@@ -139,6 +141,25 @@ def test_a_copy_of_an_audit_in_flight_waits_for_it_and_never_runs_it_twice(
     wait_for(settled, timeout=60, message="the audit and its copy")
     assert (Audit.objects.get(id=audit.id).attempts, site.hits["/slow"]) == (1, 1)
     assert "task.duplicate_in_flight" in worker.output()
+
+
+@pytest.mark.slow
+def test_an_in_flight_key_no_live_run_holds_is_taken_over(
+    site, start_worker, redis_client, transactional_db
+):
+    # A run that ended while Redis was away could not delete its key; its copy waited out
+    # the whole lapse (bench/outages.py, redis-20s-kept: the last success 95 s after the
+    # return). A key that old, its row not in an attempt, has no live run behind it.
+    audit = submission.submit_audit(normalize_url(f"{site.base_url}/noindex?stale=key"))
+    task_id = Audit.objects.get(id=audit.id).task_id
+    lapse = min(AUDIT_JOB.deadline.lease, settings.QUEUE_VISIBILITY_TIMEOUTS[AUDIT_JOB.queue])
+    age = task_module.STALE_FLIGHT_SECONDS + 1
+    redis_client.set(task_module.in_flight_key(task_id), "a run gone", px=int((lapse - age) * 1000))
+
+    start_worker("audits")
+    wait_for(lambda: Audit.objects.get(id=audit.id).status == "succeeded", timeout=30,
+             message="the audit, well before the key lapses")  # fmt: skip
+    assert Audit.objects.get(id=audit.id).attempts == 1
 
 
 # --- Redis came back empty, or behind ----------------------------------------------------
