@@ -26,37 +26,22 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.services import QuietHandler, SessionProcess, create_database, start_redis  # noqa: E402
+from bench.services import (  # noqa: E402
+    SessionProcess,
+    SlowPages,
+    create_database,
+    start_redis,
+    wait_until,
+)
 from config import devservices  # noqa: E402
 
 REFETCH_GOAL = 0.05
-
-
-class SlowPages(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.fetches: Counter[str] = Counter()
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", devservices.free_port()), _PageHandler)
-
-
-class _PageHandler(QuietHandler):
-    def do_GET(self):
-        with self.server.lock:
-            self.server.fetches[self.path] += 1
-        time.sleep(self.server.seconds)
-        self.send_html(200, b"<html><head><title>A page</title></head><body>ok</body></html>")
 
 
 def main() -> int:
@@ -182,17 +167,6 @@ def answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def wait_until(predicate, timeout: float, what: str, *, fail: bool = True) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    if fail:
-        raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
-    return False
 
 
 if __name__ == "__main__":

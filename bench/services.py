@@ -7,8 +7,10 @@
 - `create_database()`: a fresh database next to DATABASE_URL's (PostgreSQL, the local
   one when DATABASE_URL is not set) or a temporary SQLite file, with its dropper.
 - `QuietHandler`: the base of a benchmark's downstream site on 127.0.0.1.
+- `SlowPages`: such a site whose every page answers after a given time, counting fetches.
 - `SessionProcess`: a process of the stack under test in its own session, logging to a
   file, with the memory and CPU of its whole session (main process and children).
+- `wait_until()`: poll a predicate until it holds or a bound passes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -65,15 +70,18 @@ def start_redis():
 class PrivateRedis:
     """A redis-server on a free port, never persisted: `restart_empty()` stops it and starts
     it again with nothing in it, as a Redis that lost its data (a crash, a new host) does.
+    `persistent=True`: an append-only file written at every command, so a stop (SIGTERM,
+    which is SHUTDOWN) and a start keep every write.
 
     A broker set-up for the soak: `stack_env()` is what the stack's processes are given to
     reach it (a Sentinel set-up gives its own; bench/soak.py `--sentinel`).
     """
 
-    def __init__(self):
+    def __init__(self, *, persistent: bool = False):
         self.port = devservices.free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
         self.process: subprocess.Popen | None = None
+        self.extra_args = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
 
     @property
     def url(self) -> str:
@@ -86,7 +94,7 @@ class PrivateRedis:
         return {"redis-server": self.process.pid} if self.process else {}
 
     def start(self) -> PrivateRedis:
-        self.process = devservices.start_redis(self.port, self.data_dir)
+        self.process = devservices.start_redis(self.port, self.data_dir, extra_args=self.extra_args)
         return self
 
     def stop(self) -> None:
@@ -183,6 +191,50 @@ class QuietHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out first: that is what a slow downstream is for
+
+
+class SlowPages(ThreadingHTTPServer):
+    """A downstream on 127.0.0.1 whose every page (robots.txt too) answers after `seconds`;
+    `fetches` counts the requests per path."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.fetches: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", devservices.free_port()), _SlowPageHandler)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request, client_address):
+        # A client that dropped its kept-alive connection (a worker cut off mid-run) is no error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _SlowPageHandler(QuietHandler):
+    def do_GET(self):
+        with self.server.lock:
+            self.server.fetches[self.path] += 1
+        time.sleep(self.server.seconds)
+        self.send_html(200, b"<html><head><title>A page</title></head><body>ok</body></html>")
+
+
+def wait_until(predicate, timeout: float, what: str, *, fail: bool = True) -> bool:
+    """Poll `predicate` every half second until it holds (True) or `timeout` passes:
+    SystemExit then, or False with `fail=False`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    if fail:
+        raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
+    return False
 
 
 def rss_kib(pid: int) -> int:

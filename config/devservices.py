@@ -76,13 +76,19 @@ def redis_command(port: int, data_dir: Path) -> list[str]:
 
 
 def start_redis(
-    port: int, data_dir: Path, *, wait: float = 10.0, preexec_fn: Callable[[], None] | None = None
+    port: int,
+    data_dir: Path,
+    *,
+    wait: float = 10.0,
+    preexec_fn: Callable[[], None] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """Start a throwaway Redis on 127.0.0.1:`port` and wait until it answers
-    (`preexec_fn`: run in the child before exec, as subprocess.Popen's)."""
+    (`preexec_fn`: run in the child before exec, as subprocess.Popen's; `extra_args`
+    follow the defaults and override them, e.g. `--appendonly yes`)."""
     process = subprocess.Popen(
-        redis_command(port, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        preexec_fn=preexec_fn,
+        [*redis_command(port, data_dir), *extra_args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
     )  # fmt: skip
     deadline = time.monotonic() + wait
     url = f"redis://127.0.0.1:{port}/0"

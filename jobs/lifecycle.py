@@ -21,8 +21,10 @@ budget. From that one declaration come:
   published again since, is published again at once. Redis lost data: every row whose
   message or wait was written since the loss goes back at its own due time.
 
-A duplicate message is harmless: a claim of a finished row claims nothing, and a kind
-whose claim names its task (`claim_by_task`: a shared link's check) runs only under it.
+A duplicate message is harmless: a claim of a finished row claims nothing, a kind
+whose claim names its task (`claim_by_task`: a shared link's check) runs only under it,
+and a copy that meets its original in flight is dropped before it claims
+(jobs.task.PlumbTask._take_flight).
 """
 
 from __future__ import annotations

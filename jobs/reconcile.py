@@ -21,8 +21,9 @@ worker per RECONCILE_INTERVAL_SECONDS cluster-wide) asks every source, in two wa
 
 A row published again whose message was not really lost runs once anyway: every job
 claims its row (jobs.lifecycle.Job.claim, a placement's idempotency key,
-jobs.delayed.claim for the store's own publishes), so a duplicate costs one claim that
-finds the work done, or at worst one repeated downstream call (DECISIONS.md,
+jobs.delayed.claim for the store's own publishes), and a copy that meets its original
+in flight is dropped (jobs.task.PlumbTask._take_flight), so a duplicate costs one claim
+that finds the work done, or at worst one repeated downstream call (DECISIONS.md,
 "Redis holds nothing that PostgreSQL cannot rebuild").
 """
 

@@ -37,6 +37,7 @@ import time
 import traceback
 import types
 import typing
+import uuid
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -45,7 +46,7 @@ from django.conf import settings
 from django.db import transaction
 from redis import RedisError
 
-from config.redis import redis_client
+from config.redis import lua, redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.deadlines import Deadline
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
@@ -106,6 +107,25 @@ def _fits(value, expected) -> bool:
 
 def _type_name(expected) -> str:
     return getattr(expected, "__name__", None) or str(expected)
+
+
+# A run's in-flight key this old, its row not in an attempt, belongs to no live run.
+STALE_FLIGHT_SECONDS = 10.0
+
+
+def in_flight_key(task_id: str) -> str:
+    return f"jobs:in-flight:{task_id}"
+
+
+# Left only by the run that holds it: a copy's token never deletes the original's key.
+_LEAVE_FLIGHT = lua(
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+)
 
 
 class Waiting(Ignore):
@@ -222,15 +242,93 @@ class PlumbTask(Task):
                 log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
                 return None
             self._check_arguments(args, kwargs)
-            host = self.downstream_host(args, kwargs)
+            alone = self._take_flight()
         except INFRASTRUCTURE_UNAVAILABLE as exc:
             # Redis or the database, not the message, is at fault: wait it out.
             return self._after_error(exc)
-        permit = self._permit(host)
-        if permit is not None and not permit.allowed:
-            reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
-            self._wait(PARK, after=permit.release_in, why=reason)
-        return self._attempt(host, permit, args, kwargs)
+        if not alone:
+            log.info("task.duplicate_in_flight", extra={"task": self.name, "task_id": request.id})
+            # Not dropped: this copy may be the one that carries the job (a redelivery that
+            # came before the killed run's key lapsed). It waits, and touches no row: the
+            # row is the run's that holds the key.
+            deferrals = int(header(request, DEFERRALS_HEADER) or 0)
+            self._wait(DEFERRAL, step=deferrals + 1, after=None, deferrals=deferrals + 1,
+                       why="another copy of this job is in flight", on_row=False)  # fmt: skip
+        try:
+            try:
+                host = self.downstream_host(args, kwargs)
+            except INFRASTRUCTURE_UNAVAILABLE as exc:
+                return self._after_error(exc)
+            permit = self._permit(host)
+            if permit is not None and not permit.allowed:
+                reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
+                self._wait(PARK, after=permit.release_in, why=reason)
+            return self._attempt(host, permit, args, kwargs)
+        finally:
+            self._leave_flight()
+
+    # --- one copy of a job in flight -----------------------------------------------
+    def _take_flight(self) -> bool:
+        """May this delivery run its job? False while another copy of it (the same task id)
+        is in flight: a job's run holds `jobs:in-flight:<task id>` while it runs.
+
+        Two copies of one job exist when the reconciler publishes again a message that was
+        not lost: after Redis restarted with its data (an AOF, a replica), it cannot tell
+        which messages survived and publishes every recent row again. A copy that met its
+        original in flight claimed the running row a second time: 14 of 60 audits counted
+        2-3 attempts and fetched their page twice (bench/outages.py, redis-20s-kept). Now
+        the copy waits (`_run_once`) until the run that holds the key ends; its claim then
+        finds the row finished, or runs it once.
+
+        The key names this delivery, not this run: a run held in the worker (Redis away,
+        HoldInPlace) runs again under it, even if its release could not be written. It
+        lapses after the task's lease or its queue's visibility timeout, whichever is
+        shorter, so a worker that died holds it no longer than its message stays
+        unacknowledged. Only jobs with a row (`job`) take it: their claims count attempts.
+        """
+        if self.job is None:
+            return True
+        request = self.request
+        token = getattr(request, "plumb_flight_token", None)
+        if token is None:
+            token = request.plumb_flight_token = uuid.uuid4().hex
+        key = in_flight_key(request.id)
+        client = redis_client()
+        lapse = min(self._lease(), settings.QUEUE_VISIBILITY_TIMEOUTS[self._queue()])
+        if client.set(key, token, nx=True, px=int(lapse * 1000)):
+            return True
+        holder = client.get(key)
+        if holder is None or holder.decode() == token:
+            return True
+        # A run that ended while Redis was away could not delete its key (a run held in
+        # the worker past its budget): its copy waited out the whole lapse, and the last
+        # audit of a 20 s outage succeeded 95 s after it. A key that old whose row is not
+        # in an attempt has no live run behind it: take it over. A holder still between
+        # taking the key and claiming the row is milliseconds old, not seconds.
+        age = lapse - max(0, client.pttl(key)) / 1000
+        if age >= STALE_FLIGHT_SECONDS and not self._row_running(request.args):
+            client.set(key, token, px=int(lapse * 1000))
+            return True
+        return False
+
+    def _row_running(self, args) -> bool:
+        job = self.job
+        if not args:
+            return False
+        return job.model.objects.filter(pk=args[0], **{job.status_field: job.running}).exists()
+
+    def _leave_flight(self) -> None:
+        if self.job is None:
+            return
+        try:
+            _LEAVE_FLIGHT(
+                keys=[in_flight_key(self.request.id)],
+                args=[getattr(self.request, "plumb_flight_token", "")],
+                client=redis_client(),
+            )
+        except RedisError as exc:
+            # It lapses with its lease; a rerun of this delivery holds it still (its token).
+            log.warning("task.flight_not_left", extra={"task": self.name, "error": repr(exc)})
 
     def _permit(self, host: str | None) -> breakers.Permit | None:
         if host is None or not settings.BREAKER_ENABLED:
@@ -375,9 +473,11 @@ class PlumbTask(Task):
         exc: BaseException | None = None,
         deferrals: int | None = None,
         outages: int | None = None,
+        on_row: bool = True,
     ):
         """Send this job back to wait; raises Retry (a retry) or Waiting (deferral, park,
-        outage), or HoldInPlace (an outage wait that Redis cannot store).
+        outage), or HoldInPlace (an outage wait that Redis cannot store). `on_row=False`:
+        the row is not told (a copy waiting for the run that owns the row).
 
         A wait a downstream named past RATELIMIT_MAX_WAIT_SECONDS is not waited
         (`_refuse_wait`): the job ends rate limited.
@@ -420,7 +520,8 @@ class PlumbTask(Task):
             },
         )  # fmt: skip
         try:
-            self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
+            if on_row:
+                self.before_wait(reason, seconds, why=why, args=request.args, kwargs=request.kwargs)
         except INFRASTRUCTURE_UNAVAILABLE as error:
             # The row cannot say it waits (the database is what failed): the wait is still
             # stored, and its next run's claim puts the row right.

@@ -200,6 +200,17 @@ def test_metrics_and_stats_need_the_bearer_token_once_one_is_set(client, setting
 
 
 @pytest.mark.django_db
+def test_metrics_and_stats_answer_503_while_redis_is_away(client, settings):
+    # The totals live in Redis; a scrape during a Redis outage was a 500 (bench/outages.py).
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    for path in ("/metrics", "/api/stats"):
+        response = client.get(path)
+        assert response.status_code == 503, (path, response.status_code)
+        assert response.json()["error"] == "metrics_unavailable"
+        assert response["Retry-After"] == "5"
+
+
+@pytest.mark.django_db
 def test_an_admission_refusal_writes_its_log_line_with_the_backlog_seen(
     redis_client, settings, caplog
 ):

@@ -149,17 +149,20 @@ class AuditDetailView(APIView):
 QUEUE_DEPTH = inline_serializer(
     "QueueDepth",
     {
-        name: serializers.IntegerField(min_value=0)
-        for name in (
-            "backlog",
-            "waiting",
-            "retrying",
-            "running",
-            "scheduled",
-            "max_depth",
-            # Waits past the horizon (RATELIMIT_MAX_WAIT_SECONDS): seen, not in `backlog`.
-            "deferred_beyond_horizon",
-        )
+        **{
+            name: serializers.IntegerField(min_value=0)
+            for name in (
+                "backlog",
+                "waiting",
+                "retrying",
+                "running",
+                "max_depth",
+                # Waits past the horizon (RATELIMIT_MAX_WAIT_SECONDS): seen, not in `backlog`.
+                "deferred_beyond_horizon",
+            )
+        },
+        # Read from the database: null while it is away (the rest is Redis's).
+        "scheduled": serializers.IntegerField(min_value=0, allow_null=True),
     },
 )
 

@@ -27,7 +27,13 @@ class WebProcess:
              f"127.0.0.1:{self.port}", "--workers", "1", "--no-control-socket"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        wait_for(self._answers, timeout=30, message="gunicorn to answer")
+        try:
+            wait_for(self._answers, timeout=30, message="gunicorn to answer")
+        except BaseException:
+            # The test never gets `web` to stop: a start that timed out (a loaded machine)
+            # left gunicorn running after the suite.
+            self.stop()
+            raise
 
     def _answers(self) -> bool:
         try:

@@ -84,3 +84,19 @@ def test_a_pooled_connection_is_checked_before_use_after_a_database_restart(db_p
         assert first.status_code == 200, first.text
     finally:
         web.stop()
+
+
+def test_the_queue_endpoint_shows_the_backlog_while_the_database_is_away(db_proxy, redis_client):
+    # The backlog lives in Redis: an operator reads it most while PostgreSQL is away, when
+    # the jobs waiting the outage out show as `retrying` (bench/outages.py). Only
+    # `scheduled` (tonight's re-audits) is the database's; it answered 503 for want of it.
+    web = WebProcess({**os.environ, "DEBUG": "true", "DATABASE_URL": via(db_proxy)})
+    try:
+        redis_client.lpush("audits", "a message waiting")
+        db_proxy.cut()
+        response = httpx.get(f"{web.url}/api/queue", timeout=30)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert (body["waiting"], body["backlog"], body["scheduled"]) == (1, 1, None)
+    finally:
+        web.stop()

@@ -7,11 +7,13 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from audits import submission
 from audits.models import AUDIT_JOB, Audit, LinkCheck, SharedLink
 from jobs import delayed, lifecycle, reconcile
+from jobs import task as task_module
 from jobs.models import ReconcileMark
 from outbound.urls import normalize_url
 from tests.broker import queued
@@ -109,6 +111,55 @@ def test_a_wait_long_past_due_is_published_again_at_once_keeping_its_attempts(re
     assert message.id == overdue.task_id
     # The attempts its row counted: a recovered audit does not get a fresh budget.
     assert redis_client.lrange("audits", 0, -1)[0].count(b'"retries": 2') == 1
+
+
+# --- A copy of a job that was not lost ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_copy_of_an_audit_in_flight_waits_for_it_and_never_runs_it_twice(
+    site, start_worker, redis_client, transactional_db
+):
+    # After a Redis restart that kept its data, the reconciler cannot tell which messages
+    # survived and publishes every recent row again: a copy that met its original in
+    # flight claimed the running row again, counted a second attempt and fetched the page
+    # a second time (bench/outages.py, redis-20s-kept: 14 of 60 audits).
+    worker = start_worker("audits", concurrency=2, pool="threads")
+    audit = submission.submit_audit(normalize_url(f"{site.base_url}/slow?delay=3"))
+    wait_for(lambda: site.hits["/slow"] == 1, timeout=30, message="the audit's fetch")
+    row = Audit.objects.get(id=audit.id)
+    assert reconcile.publish_owed(
+        AUDIT_JOB.task, args=[str(audit.id)], task_id=row.task_id, queue=AUDIT_JOB.queue,
+        retries=row.attempts,
+    )  # fmt: skip
+
+    def settled() -> bool:
+        # The copy ran after the original and found it finished, or ran beside it.
+        done = Audit.objects.get(id=audit.id).status == "succeeded"
+        return done and ("audit.skipped" in worker.output() or site.hits["/slow"] > 1)
+
+    wait_for(settled, timeout=60, message="the audit and its copy")
+    assert (Audit.objects.get(id=audit.id).attempts, site.hits["/slow"]) == (1, 1)
+    assert "task.duplicate_in_flight" in worker.output()
+
+
+@pytest.mark.slow
+def test_an_in_flight_key_no_live_run_holds_is_taken_over(
+    site, start_worker, redis_client, transactional_db
+):
+    # A run that ended while Redis was away could not delete its key; its copy waited out
+    # the whole lapse (bench/outages.py, redis-20s-kept: the last success 95 s after the
+    # return). A key that old, its row not in an attempt, has no live run behind it.
+    audit = submission.submit_audit(normalize_url(f"{site.base_url}/noindex?stale=key"))
+    task_id = Audit.objects.get(id=audit.id).task_id
+    lapse = min(AUDIT_JOB.deadline.lease, settings.QUEUE_VISIBILITY_TIMEOUTS[AUDIT_JOB.queue])
+    age = task_module.STALE_FLIGHT_SECONDS + 1
+    redis_client.set(task_module.in_flight_key(task_id), "a run gone", px=int((lapse - age) * 1000))
+
+    start_worker("audits")
+    wait_for(lambda: Audit.objects.get(id=audit.id).status == "succeeded", timeout=30,
+             message="the audit, well before the key lapses")  # fmt: skip
+    assert Audit.objects.get(id=audit.id).attempts == 1
 
 
 # --- Redis came back empty, or behind ----------------------------------------------------
