@@ -134,7 +134,8 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
     ]
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
     head_links += header_links(page)
-    anchors = tree.css("a")
+    # Each anchor's attributes read once (a dict built in C per call), for both checks.
+    anchors = [(node, node.attributes) for node in tree.css("a")]
     hidden = {node.mem_id: node for node in tree.css(_HIDDEN_OR_UNRENDERED)}
     return [
         is_crawlable(head_metas, page, robots),
@@ -291,6 +292,7 @@ class RobotsRules:
 
     def __init__(self, body: str):
         self.groups: dict[str, list[tuple[re.Pattern, int, bool, int]]] = {}
+        self._parsed: tuple[str | None, str | None] = (None, None)
         agents: list[str] = []
         last_was_agent = False
         for number, line in enumerate(re.split(r"\r\n|\r|\n", body), start=1):
@@ -318,11 +320,9 @@ class RobotsRules:
     def _rule(self, url: str, agent: str | None):
         name = (agent or "*").lower().split("/", 1)[0].strip()
         rules = self.groups.get(name) or self.groups.get("*") or []
-        try:
-            parsed = ada_url.URL(url)
-        except ValueError:
+        path = self._path(url)
+        if path is None:
             return None
-        path = _upper_escapes(parsed.pathname + parsed.search)
         best = None
         for regex, length, allow, number in rules:
             if regex.match(path) and (
@@ -330,6 +330,18 @@ class RobotsRules:
             ):
                 best = (regex, length, allow, number)
         return best
+
+    def _path(self, url: str) -> str | None:
+        """The URL's path and query as the rules match them (kept for the next agent's
+        question about the same URL: ada's URL object is the costly part)."""
+        if self._parsed[0] != url:
+            try:
+                parsed = ada_url.URL(url)
+            except ValueError:
+                self._parsed = (url, None)
+            else:
+                self._parsed = (url, _upper_escapes(parsed.pathname + parsed.search))
+        return self._parsed[1]
 
     def is_allowed(self, url: str, agent: str | None) -> bool:
         rule = self._rule(url, agent)
@@ -570,12 +582,12 @@ def _robots_line_error(line: str) -> str | None:
 _JAVASCRIPT_VOID = re.compile(r"javascript:void(\(|)0(\)|)")
 
 
-def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
+def crawlable_anchors(anchors: list[tuple[LexborNode, dict]], page_url: str) -> dict:
     """crawlable-anchors.js: an `<a>` a crawler cannot follow (no href and no id/name/role,
     `javascript:void(0)`, a `file:` URL, an href that is no URL)."""
     failing = []
-    for node in anchors:
-        attributes = node.attributes
+    unfollowable: dict[str, bool] = {}  # by href: a page repeats its menus and footers
+    for node, attributes in anchors:
         href_attribute = attributes.get("href")
         raw_href = JS_WHITESPACE.sub("", href_attribute or "")
         if (attributes.get("role") or "").strip():
@@ -592,12 +604,18 @@ def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
         if href_attribute is None:
             failing.append(snippet(node))
             continue
-        if _JAVASCRIPT_VOID.search(raw_href) or (
-            # An absolute URL that parses alone parses against the page (one cheap C call).
-            _may_not_parse(raw_href)
-            and not ada_url.check_url(raw_href)
-            and _join(page_url, raw_href) is None
-        ):
+        cannot_follow = unfollowable.get(raw_href)
+        if cannot_follow is None:
+            cannot_follow = unfollowable[raw_href] = bool(
+                _JAVASCRIPT_VOID.search(raw_href)
+                or (
+                    # An absolute URL that parses alone parses against the page (one C call).
+                    _may_not_parse(raw_href)
+                    and not ada_url.check_url(raw_href)
+                    and _join(page_url, raw_href) is None
+                )
+            )
+        if cannot_follow:
             failing.append(snippet(node))
     return finding(
         "crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {}
@@ -621,15 +639,16 @@ def _in_svg(node: LexborNode) -> bool:
     return False
 
 
-def link_text(anchors: list[LexborNode], page_url: str, hidden: dict[int, LexborNode]) -> dict:
+def link_text(
+    anchors: list[tuple[LexborNode, dict]], page_url: str, hidden: dict[int, LexborNode]
+) -> dict:
     """link-text.js: a followed link (an href, no `nofollow` in rel, not javascript:,
     mailto: or the page itself) whose text is one of Lighthouse's non-descriptive
     phrases ("click here", "more", "aquí", ...)."""
     with_hidden_text = _anchors_holding(hidden)
     page = page_url.partition("#")[0]
     failing = []
-    for node in anchors:
-        attributes = node.attributes
+    for node, attributes in anchors:
         href_attribute = attributes.get("href")
         if not href_attribute or "nofollow" in (attributes.get("rel") or ""):
             continue
