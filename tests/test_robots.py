@@ -170,6 +170,27 @@ def test_crawl_delay_spaces_the_hosts_link_checks(host, redis_client):
     assert set(statuses(check_links(links)).values()) == {"ok"}
     gaps = [later - earlier for earlier, later in itertools.pairwise(host.arrivals)]
     assert len(gaps) == 2 and min(gaps) >= 0.9
+    assert RobotsTxt.objects.get(origin=host.url).crawl_delay == 1.0  # shown in the admin
+
+
+def test_the_robots_txt_admin_lists_the_files_and_changes_nothing(host, admin_client, redis_client):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nCrawl-delay: 2\nDisallow: /private\n")
+    check_links([f"{host.url}/a"])
+    row = RobotsTxt.objects.get(origin=host.url)
+    url = "/admin/audits/robotstxt/"
+    listing = admin_client.get(url, {"q": host.url})
+    assert listing.status_code == 200
+    (shown,) = listing.context["cl"].result_list
+    assert (shown.origin, shown.status_code, shown.crawl_delay, shown.body_size) == (
+        host.url, 200, 2.0, len(row.body)
+    )  # fmt: skip
+    assert "body" in shown.get_deferred_fields()  # the list never loads the files
+    detail = admin_client.get(f"{url}{row.id}/change/")
+    assert detail.status_code == 200 and b"Disallow: /private" in detail.content
+    assert admin_client.get(f"{url}add/").status_code == 403
+    assert admin_client.post(f"{url}{row.id}/change/", {"origin": "x"}).status_code == 403
+    assert admin_client.post(f"{url}{row.id}/delete/", {"post": "yes"}).status_code == 403
+    assert RobotsTxt.objects.get(id=row.id).origin == host.url
 
 
 def test_a_host_whose_robots_txt_another_worker_reads_defers_the_check(host, redis_client):
@@ -232,7 +253,9 @@ def test_the_guard_still_refuses_a_private_host_before_its_robots_txt(host, sett
     link = f"{host.url}/page"
     assert statuses(check_links([link])) == {link: "skipped"}
     assert host.robots_requests == 0
-    assert RobotsTxt.objects.get().claim_token == ""  # let go: nothing to read there
+    row = RobotsTxt.objects.get()
+    assert row.claim_token == ""  # let go: nothing to read there
+    assert row.fresh_until is not None  # stale from now: it ages out (audits.retention)
 
 
 def test_a_host_that_does_not_resolve_is_reported_as_such(redis_client):

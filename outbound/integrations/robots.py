@@ -133,6 +133,14 @@ def parsed(body: str) -> Protego:
     return Protego.parse(body)
 
 
+def crawl_delay(info: RobotsInfo, user_agent: str) -> float | None:
+    """The Crawl-delay (seconds) the file asks of `user_agent`, if any."""
+    if info.availability != RULES:
+        return None
+    delay = parsed(info.body).crawl_delay(user_agent)
+    return float(delay) if delay else None
+
+
 def verdict(info: RobotsInfo, url: str, user_agent: str) -> LinkVerdict:
     """May a link check request `url`, whose origin's robots.txt answered `info`?"""
     if info.availability == UNREACHABLE:
