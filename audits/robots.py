@@ -27,7 +27,8 @@ from audits.models import RobotsTxt
 from jobs.errors import RateLimited
 from outbound.guard import TargetNotAllowed
 from outbound.integrations import robots
-from outbound.integrations.robots import LinkVerdict, RobotsInfo
+from outbound.integrations.links import LinkVerdict
+from outbound.integrations.robots import RobotsInfo
 from outbound.urls import InvalidURL, origin_key
 from ratelimit.admission import admit
 from ratelimit.observations import DEFAULT_RESOURCE, host_key

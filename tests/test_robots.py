@@ -163,6 +163,80 @@ def test_more_than_five_redirects_is_as_if_there_were_no_robots_txt(host, redis_
     assert RobotsTxt.objects.get().availability == UNAVAILABLE
 
 
+@pytest.fixture
+def other_host():
+    server = RobotsSite().start()
+    yield server
+    server.stop()
+
+
+def test_a_redirect_to_another_host_reads_that_hosts_robots_txt_before_following(
+    host, other_host, redis_client
+):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nAllow: /\n")
+    other_host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /private\n")
+    blocked_target = f"{other_host.url}/private/moved-here"
+    allowed_target = f"{other_host.url}/public/moved-here"
+    host.redirects = {"/old": blocked_target, "/older": allowed_target}
+    blocked, allowed = f"{host.url}/old", f"{host.url}/older"
+
+    entries = check_links([blocked, allowed])
+
+    assert statuses(entries) == {blocked: BLOCKED, allowed: "redirected"}
+    assert entries[blocked]["final_url"] == blocked_target  # reported at the hop
+    assert entries[blocked]["detail"] == (
+        f"redirected (301) to {blocked_target}, not requested: disallowed by "
+        f"{other_host.url}/robots.txt"
+    )
+    assert entries[allowed]["final_url"] == allowed_target
+    assert host.hits == {"/old": 1, "/older": 1}
+    assert other_host.hits == {"/public/moved-here": 1}  # never the disallowed one
+    assert (host.robots_requests, other_host.robots_requests) == (1, 1)
+
+
+def test_a_redirect_to_a_disallowed_path_of_the_same_host_is_not_followed(host, redis_client):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /private\n")
+    host.redirects = {"/moved": f"{host.url}/private/x"}
+    link = f"{host.url}/moved"
+    assert statuses(check_links([link])) == {link: BLOCKED}
+    assert host.hits == {"/moved": 1}
+    assert host.robots_requests == 1
+
+
+def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_is_not_followed(
+    host, other_host, redis_client
+):
+    other_host.robots = RobotsAnswer(status=503)
+    host.redirects = {"/old": f"{other_host.url}/page"}
+    link = f"{host.url}/old"
+    entries = check_links([link])
+    assert statuses(entries) == {link: BLOCKED}
+    assert "unreachable" in entries[link]["detail"]
+    assert other_host.hits == {}
+
+
+def test_a_deferred_check_resumed_at_a_hop_reads_that_hops_robots_txt(
+    host, other_host, redis_client
+):
+    """Another worker reading the target's robots.txt defers the check at the hop; run
+    again, it resumes there and obeys the file."""
+    other_host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /\n")
+    host.redirects = {"/old": f"{other_host.url}/page"}
+    RobotsTxt.objects.create(
+        origin=other_host.url, claim_token="other",
+        claimed_until=timezone.now() + timedelta(seconds=30),
+    )  # fmt: skip
+    link = f"{host.url}/old"
+    with pytest.raises(RateLimited) as raised:
+        linkcheck.check_link(link, github=None, resume=None)
+    assert raised.value.resume["current"] == f"{other_host.url}/page"
+    RobotsTxt.objects.filter(origin=other_host.url).update(claim_token="", claimed_until=None)
+    outcome = linkcheck.check_link(link, github=None, resume=raised.value.resume)
+    assert outcome.status == BLOCKED
+    assert host.hits == {"/old": 1}  # the answered hop is not asked again
+    assert other_host.hits == {}
+
+
 def test_crawl_delay_spaces_the_hosts_link_checks(host, redis_client):
     host.robots = RobotsAnswer(body=b"User-agent: *\nCrawl-delay: 1\n")
     links = [f"{host.url}/{n}" for n in range(3)]
