@@ -129,16 +129,25 @@ def non_html_findings(page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
 def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
     """Every check's finding on a page's tree. `robots` is None when its robots.txt is
     not known (then robots-txt is not applicable and is-crawlable reads the page alone)."""
+    return tree_findings(tree, page, robots)[0]
+
+
+def tree_findings(
+    tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | None
+) -> tuple[list[dict], list[tuple[str, str]]]:
+    """`page_findings`, and the page's robots metas is-crawlable read (`robots_metas`):
+    kept with the result, they let a 304 that sends X-Robots-Tag judge it again."""
     head_metas = [
         ((node.attributes.get("name") or "").lower(), node) for node in tree.css("head meta")
     ]
+    metas = robots_metas(head_metas)
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
     head_links += header_links(page)
     # Each anchor's attributes read once (a dict built in C per call), for both checks.
     anchors = [(node, node.attributes) for node in tree.css("a")]
     hidden = {node.mem_id: node for node in tree.css(_HIDDEN_OR_UNRENDERED)}
-    return [
-        is_crawlable(head_metas, page, robots),
+    findings = [
+        is_crawlable(metas, page, robots),
         http_status_code(page.status_code),
         document_title(tree),
         meta_description(head_metas),
@@ -152,6 +161,7 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
         mixed_content(tree, page.final_url),
         structured_data(tree),
     ]
+    return findings, metas
 
 
 # --- Bounded details ------------------------------------------------------------------
@@ -200,17 +210,33 @@ def _parses_alone(href: str) -> bool:
 # --- is-crawlable ---------------------------------------------------------------------
 
 
-def is_crawlable(head_metas: list, page: PageInfo, robots: RobotsTxt | None) -> dict:
+# The metas is-crawlable reads: `robots`, and each named bot's own.
+ROBOTS_META_NAMES = ("robots", *(agent.lower() for agent in BOT_USER_AGENTS if agent))
+
+
+def robots_metas(head_metas: list) -> list[tuple[str, str]]:
+    """The first `<head>` meta of each name is-crawlable reads, as (name as written,
+    content), in the page's order: all it reads of the page."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, node in head_metas:
+        if name in ROBOTS_META_NAMES and name not in found:
+            attributes = node.attributes
+            found[name] = (attributes.get("name") or "", attributes.get("content") or "")
+    return list(found.values())
+
+
+def is_crawlable(metas: list[tuple[str, str]], page: PageInfo, robots: RobotsTxt | None) -> dict:
     """Fails only when the generic agent and all four named bots are blocked, by a robots
-    meta in `<head>` (the agent's own, else the first `robots`), an `X-Robots-Tag` header
-    that applies to it, or the host's robots.txt (robots-parser's rules)."""
+    meta in `<head>` (the agent's own, else the first `robots`; `metas` as `robots_metas`
+    gives them), an `X-Robots-Tag` header that applies to it, or the host's robots.txt
+    (robots-parser's rules)."""
     rules = None
     if robots is not None and robots.body and robots.status and 200 <= robots.status < 300:
         rules = RobotsRules(robots.body)
     blocked_agents = []
     generic_sources: list[str] = []
     for agent in BOT_USER_AGENTS:
-        sources = _blocking_sources(agent, head_metas, page, rules)
+        sources = _blocking_sources(agent, metas, page, rules)
         if sources:
             blocked_agents.append(agent or "*")
         if agent is None:
@@ -221,17 +247,16 @@ def is_crawlable(head_metas: list, page: PageInfo, robots: RobotsTxt | None) -> 
     return finding("is-crawlable", PASS, details)
 
 
-def _blocking_sources(agent, head_metas, page: PageInfo, rules) -> list[str]:
+def _blocking_sources(agent, metas: list[tuple[str, str]], page: PageInfo, rules) -> list[str]:
     sources = []
     meta = None
     if agent:
-        meta = next((node for name, node in head_metas if name == agent.lower()), None)
+        meta = next((meta for meta in metas if meta[0].lower() == agent.lower()), None)
     if meta is None:
-        meta = next((node for name, node in head_metas if name == "robots"), None)
+        meta = next((meta for meta in metas if meta[0].lower() == "robots"), None)
     if meta is not None:
-        content = meta.attributes.get("content") or ""
+        name, content = meta
         if _has_blocking_directive(content):
-            name = meta.attributes.get("name") or ""
             sources.append(f'<meta name="{name}" content="{content}" />')
     for value in page.header_values("x-robots-tag"):
         header_agent = _header_user_agent(value)
