@@ -37,7 +37,6 @@ from selectolax.lexbor import LexborHTMLParser
 
 from audits.findings import (
     PageInfo,
-    RobotsTxt,
     http_status_code,
     non_html_findings,
     not_checked,
@@ -45,6 +44,7 @@ from audits.findings import (
     tree_findings,
 )
 from outbound.integrations.page import FetchedPage
+from outbound.integrations.robots import RobotsInfo
 from outbound.urls import MAX_URL_LENGTH
 
 HTML_CONTENT_TYPES = {"text/html", "application/xhtml+xml"}
@@ -189,7 +189,7 @@ def analyze_html(
     base_url: str,
     charset: str | None = None,
     page: PageInfo | None = None,
-    robots: RobotsTxt | None = None,
+    robots: RobotsInfo | None = None,
 ) -> dict:
     """What the audit reads from an HTML page: its fields and its SEO findings.
 
@@ -583,7 +583,7 @@ def says_noindex(x_robots_tag: list[str]) -> bool:
     return "noindex" in ", ".join(x_robots_tag).lower()
 
 
-def audit_result(page: FetchedPage, *, robots: RobotsTxt | None = None) -> dict:
+def audit_result(page: FetchedPage, *, robots: RobotsInfo | None = None) -> dict:
     """The JSON stored on a finished audit. `robots` is the page's host's robots.txt
     (None when it is not known: robots-txt is then not applicable, and is-crawlable reads
     the page's metas and headers alone)."""

@@ -27,6 +27,8 @@ from urllib.parse import quote
 import ada_url
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from outbound.integrations.robots import RobotsInfo
+
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not_applicable"
 OUTCOMES = (PASS, FAIL, NOT_APPLICABLE)
 HIGH, MEDIUM, LOW = "high", "medium", "low"
@@ -77,15 +79,6 @@ JS_WHITESPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True)
-class RobotsTxt:
-    """The page's host's robots.txt as the checks read it: its HTTP status (None when it
-    could not be fetched: timeout, network error) and its body (None unless 2xx)."""
-
-    status: int | None
-    body: str | None = None
-
-
-@dataclass(frozen=True)
 class PageInfo:
     """What the checks read besides the tree: the URL the page was served from (after
     redirects), its status and its response headers (lower-case names, each line kept)."""
@@ -112,7 +105,7 @@ def not_checked(reason: str) -> list[dict]:
     return [finding(check_id, NOT_APPLICABLE, {"reason": reason}) for check_id in CHECK_IDS]
 
 
-def non_html_findings(page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
+def non_html_findings(page: PageInfo, robots: RobotsInfo | None) -> list[dict]:
     """A page that is not HTML (a PDF, an image): its status, its robots.txt and its
     X-Robots-Tag are checked; the rest has nothing to read."""
     checked = {
@@ -126,14 +119,14 @@ def non_html_findings(page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
     ]
 
 
-def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
+def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsInfo | None) -> list[dict]:
     """Every check's finding on a page's tree. `robots` is None when its robots.txt is
     not known (then robots-txt is not applicable and is-crawlable reads the page alone)."""
     return tree_findings(tree, page, robots)[0]
 
 
 def tree_findings(
-    tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | None
+    tree: LexborHTMLParser, page: PageInfo, robots: RobotsInfo | None
 ) -> tuple[list[dict], list[tuple[str, str]]]:
     """`page_findings`, and the page's robots metas is-crawlable read (`robots_metas`):
     kept with the result, they let a 304 that sends X-Robots-Tag judge it again."""
@@ -225,13 +218,14 @@ def robots_metas(head_metas: list) -> list[tuple[str, str]]:
     return list(found.values())
 
 
-def is_crawlable(metas: list[tuple[str, str]], page: PageInfo, robots: RobotsTxt | None) -> dict:
+def is_crawlable(metas: list[tuple[str, str]], page: PageInfo, robots: RobotsInfo | None) -> dict:
     """Fails only when the generic agent and all four named bots are blocked, by a robots
     meta in `<head>` (the agent's own, else the first `robots`; `metas` as `robots_metas`
     gives them), an `X-Robots-Tag` header that applies to it, or the host's robots.txt
     (robots-parser's rules)."""
     rules = None
-    if robots is not None and robots.body and robots.status and 200 <= robots.status < 300:
+    status = robots.status_code if robots is not None else None
+    if robots is not None and robots.body and status and 200 <= status < 300:
         rules = RobotsRules(robots.body)
     blocked_agents = []
     generic_sources: list[str] = []
@@ -544,17 +538,18 @@ ROBOTS_DIRECTIVES = {
 }  # fmt: skip
 
 
-def robots_txt(robots: RobotsTxt | None) -> dict:
+def robots_txt(robots: RobotsInfo | None) -> dict:
     """robots-txt.js: a robots.txt that could not be fetched or answers 5xx fails; a 4xx
     or an empty one is not applicable; otherwise each line must be valid."""
     if robots is None:
         return finding("robots-txt", NOT_APPLICABLE, {"reason": "robots.txt not read"})
-    if robots.status is None:
+    status = robots.status_code
+    if status is None:
         return finding("robots-txt", FAIL, {"reason": "unreachable"})
-    if robots.status >= 500:
-        return finding("robots-txt", FAIL, {"reason": "server_error", "status": robots.status})
-    if 400 <= robots.status < 500 or not robots.body:
-        return finding("robots-txt", NOT_APPLICABLE, {"status": robots.status})
+    if status >= 500:
+        return finding("robots-txt", FAIL, {"reason": "server_error", "status": status})
+    if 400 <= status < 500 or not robots.body:
+        return finding("robots-txt", NOT_APPLICABLE, {"status": status})
     errors = robots_txt_errors(robots.body)
     return finding("robots-txt", FAIL if errors else PASS, _items(errors) if errors else {})
 

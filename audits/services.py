@@ -17,11 +17,12 @@ from django.db import transaction
 
 from audits import robots as robots_store
 from audits.analysis import audit_result, says_noindex
-from audits.findings import PageInfo, RobotsTxt, is_crawlable, robots_txt
+from audits.findings import PageInfo, is_crawlable, robots_txt
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import AUDIT_JOB, Audit
 from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import FetchedPage, Validators, fetch_page
+from outbound.integrations.robots import RobotsInfo
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +151,11 @@ def crawl_again(result: dict, x_robots_tag: list[str]) -> None:
     result["findings"] = [judged.get(item.get("id"), item) for item in findings]
 
 
-def page_robots_txt(url: str) -> RobotsTxt | None:
-    """The page's host's robots.txt, as the robots-txt and is-crawlable findings read it:
-    from the one robots.txt store link checks use (audits.robots), read once per host per
+def page_robots_txt(url: str) -> RobotsInfo | None:
+    """The page's host's robots.txt, for the robots-txt and is-crawlable findings: from
+    the one robots.txt store link checks use (audits.robots), read once per host per
     freshness window under the host's politeness; None when it cannot be known now."""
-    info = robots_store.robots_for(url)
-    if info is None:
-        return None
-    answered = info.status_code is not None and 200 <= info.status_code < 300
-    return RobotsTxt(info.status_code, info.body if answered else None)
+    return robots_store.robots_for(url)
 
 
 def execute_audit(
