@@ -3,7 +3,8 @@
 Links to GitHub repositories are checked through the API when credentials are
 configured (exists? archived?), otherwise like any other link. Plain links hold
 one of their host's slots (LINKCHECK_PER_HOST_CONCURRENCY, LINKCHECK_PER_HOST_RATE)
-across every worker. Outcome statuses are the values of
+across every worker. Each redirect target is put to the caller's robots.txt verdict
+(`verdict_for`) before it is requested. Outcome statuses are the values of
 `audits.models.LinkCheck.Status` (outbound does not import audits).
 """
 
