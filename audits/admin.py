@@ -1,11 +1,12 @@
 import json
 
 from django.contrib import admin, messages
+from django.db.models.functions import Length
 from django.utils.html import format_html, format_html_join
 
 from audits.api.auth import new_token
 from audits.findings import CHECK_IDS
-from audits.models import ApiToken, Audit, LinkCheck, Page, SharedLink
+from audits.models import ApiToken, Audit, LinkCheck, Page, RobotsTxt, SharedLink
 from audits.secrets import without_password
 
 
@@ -127,6 +128,44 @@ class SharedLinkAdmin(admin.ModelAdmin):
     ]  # fmt: skip
 
     def has_add_permission(self, request):
+        return False
+
+
+@admin.register(RobotsTxt)
+class RobotsTxtAdmin(admin.ModelAdmin):
+    """Each origin's robots.txt as last read (audits.robots), to look at, not to edit: the
+    workers own the rows, and the prune lets them go (audits.retention)."""
+
+    list_display = [
+        "origin", "availability", "status_code", "fetched_at", "fresh_until", "crawl_delay",
+        "size", "truncated", "claimed_until",
+    ]  # fmt: skip
+    list_filter = ["availability", "truncated"]
+    search_fields = ["origin"]
+    date_hierarchy = "fetched_at"
+    ordering = ["-fetched_at"]
+    fields = [
+        "origin", "availability", "status_code", "fetched_at", "fresh_until", "crawl_delay",
+        "size", "truncated", "error", "claimed_until", "body",
+    ]  # fmt: skip
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        # The size from the database: a list of files up to 500 KiB each never loads them
+        # (one row's page reads its body when it shows it).
+        return super().get_queryset(request).annotate(body_size=Length("body")).defer("body")
+
+    @admin.display(description="Size (characters)", ordering="body_size")
+    def size(self, row: RobotsTxt) -> int:
+        return row.body_size
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 

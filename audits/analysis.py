@@ -37,14 +37,14 @@ from selectolax.lexbor import LexborHTMLParser
 
 from audits.findings import (
     PageInfo,
-    RobotsTxt,
     http_status_code,
     non_html_findings,
     not_checked,
-    page_findings,
     robots_txt,
+    tree_findings,
 )
 from outbound.integrations.page import FetchedPage
+from outbound.integrations.robots import RobotsInfo
 from outbound.urls import MAX_URL_LENGTH
 
 HTML_CONTENT_TYPES = {"text/html", "application/xhtml+xml"}
@@ -189,7 +189,7 @@ def analyze_html(
     base_url: str,
     charset: str | None = None,
     page: PageInfo | None = None,
-    robots: RobotsTxt | None = None,
+    robots: RobotsInfo | None = None,
 ) -> dict:
     """What the audit reads from an HTML page: its fields and its SEO findings.
 
@@ -223,13 +223,62 @@ def analyze_html(
                 if finding["id"] not in ("http-status-code", "robots-txt")
             ),
         ]
-        return {**reader.fields(), "encoding": sniffed.encoding, "findings": findings}
-    text = "".join(chunks)
+        fields = reader.fields()
+        return {
+            **fields,
+            "encoding": sniffed.encoding,
+            "findings": findings,
+            "crawl_directives": {"meta_noindex": fields["noindex"]},
+        }
+    source = _lexbor_input(body, sniffed, chunks)
     del chunks
-    tree = LexborHTMLParser(text, scripting=True)
-    del text
+    tree = LexborHTMLParser(source, scripting=True)
+    del source
     fields = tree_fields(tree, page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
-    return {**fields, "encoding": sniffed.encoding, "findings": page_findings(tree, page, robots)}
+    findings, metas = tree_findings(tree, page, robots)
+    return {
+        **fields,
+        "encoding": sniffed.encoding,
+        "findings": findings,
+        "crawl_directives": crawl_directives(metas, meta_noindex=fields["noindex"]),
+    }
+
+
+def crawl_directives(metas: list[tuple[str, str]], *, meta_noindex: bool) -> dict:
+    """What the page itself says to crawlers, kept with the result so that a 304 sending
+    X-Robots-Tag can judge `noindex` and is-crawlable again without the page
+    (audits.services.not_modified_result): its robots metas as is-crawlable read them
+    (at most five, their content clipped at MAX_TEXT_LENGTH) and whether a robots or
+    googlebot meta says noindex. No "metas" for a page too large for a tree, whose
+    is-crawlable was not judged."""
+    return {
+        "metas": [[name[:64], content[:MAX_TEXT_LENGTH]] for name, content in metas],
+        "meta_noindex": meta_noindex,
+    }
+
+
+def _lexbor_input(body: bytes, sniffed: SniffedEncoding, chunks: list[str]) -> bytes | str:
+    """What Lexbor parses: the body's own bytes when it is UTF-8 that decoded without a
+    replacement character (the text encoded back would be those very bytes), else the
+    decoded text, which selectolax encodes to UTF-8.
+
+    The same tree either way, at a fraction of the cost on a large page: a page with one
+    character outside the BMP (an emoji in 2.5 MB of CNN's inline script) decodes to a
+    string of 4 bytes a character, whose join and re-encoding cost more than the parse.
+    The decoder replaced nothing when the text holds as many U+FFFD as the bytes hold
+    its encoding (EF BF BD): a replacement adds one that no such sequence accounts for,
+    and no invalid sequence can swallow one (EF is never a continuation byte). CNN's
+    pages carry a few of their own.
+    """
+    if sniffed.codec != "utf-8":
+        return "".join(chunks)
+    in_text = sum(chunk.count("\ufffd") for chunk in chunks)
+    if in_text and in_text != body.count(_UTF8_REPLACEMENT_CHARACTER):
+        return "".join(chunks)
+    return body[sniffed.skip :] if sniffed.skip else body
+
+
+_UTF8_REPLACEMENT_CHARACTER = "\ufffd".encode()
 
 
 # A page with at most this many `<` has at most as many elements, nested at most as
@@ -529,7 +578,12 @@ def _clipped(text: str | None) -> str | None:
     return text[: MAX_TEXT_LENGTH - 1] + "\u2026"
 
 
-def audit_result(page: FetchedPage, *, robots: RobotsTxt | None = None) -> dict:
+def says_noindex(x_robots_tag: list[str]) -> bool:
+    """The page's `noindex` field, from its X-Robots-Tag lines (with its metas: `or`)."""
+    return "noindex" in ", ".join(x_robots_tag).lower()
+
+
+def audit_result(page: FetchedPage, *, robots: RobotsInfo | None = None) -> dict:
     """The JSON stored on a finished audit. `robots` is the page's host's robots.txt
     (None when it is not known: robots-txt is then not applicable, and is-crawlable reads
     the page's metas and headers alone)."""
@@ -546,7 +600,7 @@ def audit_result(page: FetchedPage, *, robots: RobotsTxt | None = None) -> dict:
         "is_html": page.content_type in HTML_CONTENT_TYPES,
         "missing_security_headers": missing_security_headers(page),
     }
-    header_noindex = "noindex" in page.headers.get("x-robots-tag", "").lower()
+    header_noindex = says_noindex(page.headers.get_list("x-robots-tag"))
     info = PageInfo(
         final_url=page.final_url,
         status_code=page.status_code,
@@ -574,6 +628,7 @@ def audit_result(page: FetchedPage, *, robots: RobotsTxt | None = None) -> dict:
                 "links_too_long": 0,
                 "encoding": None,
                 "findings": non_html_findings(info, robots),
+                "crawl_directives": crawl_directives([], meta_noindex=False),
             }
         )
     return result

@@ -27,6 +27,8 @@ from urllib.parse import quote
 import ada_url
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from outbound.integrations.robots import RobotsInfo
+
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not_applicable"
 OUTCOMES = (PASS, FAIL, NOT_APPLICABLE)
 HIGH, MEDIUM, LOW = "high", "medium", "low"
@@ -77,15 +79,6 @@ JS_WHITESPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True)
-class RobotsTxt:
-    """The page's host's robots.txt as the checks read it: its HTTP status (None when it
-    could not be fetched: timeout, network error) and its body (None unless 2xx)."""
-
-    status: int | None
-    body: str | None = None
-
-
-@dataclass(frozen=True)
 class PageInfo:
     """What the checks read besides the tree: the URL the page was served from (after
     redirects), its status and its response headers (lower-case names, each line kept)."""
@@ -112,7 +105,7 @@ def not_checked(reason: str) -> list[dict]:
     return [finding(check_id, NOT_APPLICABLE, {"reason": reason}) for check_id in CHECK_IDS]
 
 
-def non_html_findings(page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
+def non_html_findings(page: PageInfo, robots: RobotsInfo | None) -> list[dict]:
     """A page that is not HTML (a PDF, an image): its status, its robots.txt and its
     X-Robots-Tag are checked; the rest has nothing to read."""
     checked = {
@@ -126,18 +119,28 @@ def non_html_findings(page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
     ]
 
 
-def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | None) -> list[dict]:
+def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsInfo | None) -> list[dict]:
     """Every check's finding on a page's tree. `robots` is None when its robots.txt is
     not known (then robots-txt is not applicable and is-crawlable reads the page alone)."""
+    return tree_findings(tree, page, robots)[0]
+
+
+def tree_findings(
+    tree: LexborHTMLParser, page: PageInfo, robots: RobotsInfo | None
+) -> tuple[list[dict], list[tuple[str, str]]]:
+    """`page_findings`, and the page's robots metas is-crawlable read (`robots_metas`):
+    kept with the result, they let a 304 that sends X-Robots-Tag judge it again."""
     head_metas = [
         ((node.attributes.get("name") or "").lower(), node) for node in tree.css("head meta")
     ]
+    metas = robots_metas(head_metas)
     head_links = [_link_element(node) for node in tree.css("head link:not(svg *):not(math *)")]
     head_links += header_links(page)
-    anchors = tree.css("a")
+    # Each anchor's attributes read once (a dict built in C per call), for both checks.
+    anchors = [(node, node.attributes) for node in tree.css("a")]
     hidden = {node.mem_id: node for node in tree.css(_HIDDEN_OR_UNRENDERED)}
-    return [
-        is_crawlable(head_metas, page, robots),
+    findings = [
+        is_crawlable(metas, page, robots),
         http_status_code(page.status_code),
         document_title(tree),
         meta_description(head_metas),
@@ -151,6 +154,7 @@ def page_findings(tree: LexborHTMLParser, page: PageInfo, robots: RobotsTxt | No
         mixed_content(tree, page.final_url),
         structured_data(tree),
     ]
+    return findings, metas
 
 
 # --- Bounded details ------------------------------------------------------------------
@@ -199,17 +203,34 @@ def _parses_alone(href: str) -> bool:
 # --- is-crawlable ---------------------------------------------------------------------
 
 
-def is_crawlable(head_metas: list, page: PageInfo, robots: RobotsTxt | None) -> dict:
+# The metas is-crawlable reads: `robots`, and each named bot's own.
+ROBOTS_META_NAMES = ("robots", *(agent.lower() for agent in BOT_USER_AGENTS if agent))
+
+
+def robots_metas(head_metas: list) -> list[tuple[str, str]]:
+    """The first `<head>` meta of each name is-crawlable reads, as (name as written,
+    content), in the page's order: all it reads of the page."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, node in head_metas:
+        if name in ROBOTS_META_NAMES and name not in found:
+            attributes = node.attributes
+            found[name] = (attributes.get("name") or "", attributes.get("content") or "")
+    return list(found.values())
+
+
+def is_crawlable(metas: list[tuple[str, str]], page: PageInfo, robots: RobotsInfo | None) -> dict:
     """Fails only when the generic agent and all four named bots are blocked, by a robots
-    meta in `<head>` (the agent's own, else the first `robots`), an `X-Robots-Tag` header
-    that applies to it, or the host's robots.txt (robots-parser's rules)."""
+    meta in `<head>` (the agent's own, else the first `robots`; `metas` as `robots_metas`
+    gives them), an `X-Robots-Tag` header that applies to it, or the host's robots.txt
+    (robots-parser's rules)."""
     rules = None
-    if robots is not None and robots.body and robots.status and 200 <= robots.status < 300:
+    status = robots.status_code if robots is not None else None
+    if robots is not None and robots.body and status and 200 <= status < 300:
         rules = RobotsRules(robots.body)
     blocked_agents = []
     generic_sources: list[str] = []
     for agent in BOT_USER_AGENTS:
-        sources = _blocking_sources(agent, head_metas, page, rules)
+        sources = _blocking_sources(agent, metas, page, rules)
         if sources:
             blocked_agents.append(agent or "*")
         if agent is None:
@@ -220,17 +241,16 @@ def is_crawlable(head_metas: list, page: PageInfo, robots: RobotsTxt | None) -> 
     return finding("is-crawlable", PASS, details)
 
 
-def _blocking_sources(agent, head_metas, page: PageInfo, rules) -> list[str]:
+def _blocking_sources(agent, metas: list[tuple[str, str]], page: PageInfo, rules) -> list[str]:
     sources = []
     meta = None
     if agent:
-        meta = next((node for name, node in head_metas if name == agent.lower()), None)
+        meta = next((meta for meta in metas if meta[0].lower() == agent.lower()), None)
     if meta is None:
-        meta = next((node for name, node in head_metas if name == "robots"), None)
+        meta = next((meta for meta in metas if meta[0].lower() == "robots"), None)
     if meta is not None:
-        content = meta.attributes.get("content") or ""
+        name, content = meta
         if _has_blocking_directive(content):
-            name = meta.attributes.get("name") or ""
             sources.append(f'<meta name="{name}" content="{content}" />')
     for value in page.header_values("x-robots-tag"):
         header_agent = _header_user_agent(value)
@@ -291,6 +311,7 @@ class RobotsRules:
 
     def __init__(self, body: str):
         self.groups: dict[str, list[tuple[re.Pattern, int, bool, int]]] = {}
+        self._parsed: tuple[str | None, str | None] = (None, None)
         agents: list[str] = []
         last_was_agent = False
         for number, line in enumerate(re.split(r"\r\n|\r|\n", body), start=1):
@@ -318,11 +339,9 @@ class RobotsRules:
     def _rule(self, url: str, agent: str | None):
         name = (agent or "*").lower().split("/", 1)[0].strip()
         rules = self.groups.get(name) or self.groups.get("*") or []
-        try:
-            parsed = ada_url.URL(url)
-        except ValueError:
+        path = self._path(url)
+        if path is None:
             return None
-        path = _upper_escapes(parsed.pathname + parsed.search)
         best = None
         for regex, length, allow, number in rules:
             if regex.match(path) and (
@@ -330,6 +349,18 @@ class RobotsRules:
             ):
                 best = (regex, length, allow, number)
         return best
+
+    def _path(self, url: str) -> str | None:
+        """The URL's path and query as the rules match them (kept for the next agent's
+        question about the same URL: ada's URL object is the costly part)."""
+        if self._parsed[0] != url:
+            try:
+                parsed = ada_url.URL(url)
+            except ValueError:
+                self._parsed = (url, None)
+            else:
+                self._parsed = (url, _upper_escapes(parsed.pathname + parsed.search))
+        return self._parsed[1]
 
     def is_allowed(self, url: str, agent: str | None) -> bool:
         rule = self._rule(url, agent)
@@ -507,17 +538,18 @@ ROBOTS_DIRECTIVES = {
 }  # fmt: skip
 
 
-def robots_txt(robots: RobotsTxt | None) -> dict:
+def robots_txt(robots: RobotsInfo | None) -> dict:
     """robots-txt.js: a robots.txt that could not be fetched or answers 5xx fails; a 4xx
     or an empty one is not applicable; otherwise each line must be valid."""
     if robots is None:
         return finding("robots-txt", NOT_APPLICABLE, {"reason": "robots.txt not read"})
-    if robots.status is None:
+    status = robots.status_code
+    if status is None:
         return finding("robots-txt", FAIL, {"reason": "unreachable"})
-    if robots.status >= 500:
-        return finding("robots-txt", FAIL, {"reason": "server_error", "status": robots.status})
-    if 400 <= robots.status < 500 or not robots.body:
-        return finding("robots-txt", NOT_APPLICABLE, {"status": robots.status})
+    if status >= 500:
+        return finding("robots-txt", FAIL, {"reason": "server_error", "status": status})
+    if 400 <= status < 500 or not robots.body:
+        return finding("robots-txt", NOT_APPLICABLE, {"status": status})
     errors = robots_txt_errors(robots.body)
     return finding("robots-txt", FAIL if errors else PASS, _items(errors) if errors else {})
 
@@ -570,12 +602,12 @@ def _robots_line_error(line: str) -> str | None:
 _JAVASCRIPT_VOID = re.compile(r"javascript:void(\(|)0(\)|)")
 
 
-def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
+def crawlable_anchors(anchors: list[tuple[LexborNode, dict]], page_url: str) -> dict:
     """crawlable-anchors.js: an `<a>` a crawler cannot follow (no href and no id/name/role,
     `javascript:void(0)`, a `file:` URL, an href that is no URL)."""
     failing = []
-    for node in anchors:
-        attributes = node.attributes
+    unfollowable: dict[str, bool] = {}  # by href: a page repeats its menus and footers
+    for node, attributes in anchors:
         href_attribute = attributes.get("href")
         raw_href = JS_WHITESPACE.sub("", href_attribute or "")
         if (attributes.get("role") or "").strip():
@@ -592,12 +624,18 @@ def crawlable_anchors(anchors: list[LexborNode], page_url: str) -> dict:
         if href_attribute is None:
             failing.append(snippet(node))
             continue
-        if _JAVASCRIPT_VOID.search(raw_href) or (
-            # An absolute URL that parses alone parses against the page (one cheap C call).
-            _may_not_parse(raw_href)
-            and not ada_url.check_url(raw_href)
-            and _join(page_url, raw_href) is None
-        ):
+        cannot_follow = unfollowable.get(raw_href)
+        if cannot_follow is None:
+            cannot_follow = unfollowable[raw_href] = bool(
+                _JAVASCRIPT_VOID.search(raw_href)
+                or (
+                    # An absolute URL that parses alone parses against the page (one C call).
+                    _may_not_parse(raw_href)
+                    and not ada_url.check_url(raw_href)
+                    and _join(page_url, raw_href) is None
+                )
+            )
+        if cannot_follow:
             failing.append(snippet(node))
     return finding(
         "crawlable-anchors", FAIL if failing else PASS, _items(failing) if failing else {}
@@ -621,15 +659,16 @@ def _in_svg(node: LexborNode) -> bool:
     return False
 
 
-def link_text(anchors: list[LexborNode], page_url: str, hidden: dict[int, LexborNode]) -> dict:
+def link_text(
+    anchors: list[tuple[LexborNode, dict]], page_url: str, hidden: dict[int, LexborNode]
+) -> dict:
     """link-text.js: a followed link (an href, no `nofollow` in rel, not javascript:,
     mailto: or the page itself) whose text is one of Lighthouse's non-descriptive
     phrases ("click here", "more", "aquí", ...)."""
     with_hidden_text = _anchors_holding(hidden)
     page = page_url.partition("#")[0]
     failing = []
-    for node in anchors:
-        attributes = node.attributes
+    for node, attributes in anchors:
         href_attribute = attributes.get("href")
         if not href_attribute or "nofollow" in (attributes.get("rel") or ""):
             continue

@@ -262,11 +262,15 @@ def check_link(url: str, *, github: GitHubClient | None, resume: dict | None) ->
     if github is not None and github_repository(url) is not None:
         return check_url(url, github=github, resume=resume)
     verdict = robots.link_verdict(url)
-    if verdict is None:
-        return check_url(url, github=github, resume=resume)
-    if not verdict.allowed:
+    if verdict is not None and not verdict.allowed:
         return LinkOutcome(LinkCheck.Status.BLOCKED_BY_ROBOTS, detail=verdict.detail)
-    return check_url(url, github=github, resume=resume, crawl_delay=verdict.crawl_delay)
+    return check_url(
+        url,
+        github=github,
+        resume=resume,
+        crawl_delay=verdict.crawl_delay if verdict is not None else None,
+        verdict_for=robots.link_verdict,  # each redirect target's own robots.txt
+    )
 
 
 def waiting_clients(shared_link_id: int) -> list[str]:

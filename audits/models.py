@@ -394,7 +394,12 @@ class RobotsTxt(models.Model):
     body = models.TextField(blank=True, help_text="A 2xx's text: its first 500 KiB.")
     truncated = models.BooleanField(default=False)
     error = models.TextField(blank=True)
+    # The Crawl-delay its rules ask of AUDIT_USER_AGENT when read (None: none asked), for the
+    # admin: the checks read it off the rules themselves.
+    crawl_delay = models.FloatField(null=True, blank=True)
     fetched_at = models.DateTimeField(null=True, blank=True)
+    # Stale from then on (read again by the next check that needs it); set when a claim is
+    # let go without a read too, so a row never read still ages out (audits.retention).
     fresh_until = models.DateTimeField(null=True, blank=True)
     claim_token = models.CharField(max_length=32, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
@@ -402,6 +407,10 @@ class RobotsTxt(models.Model):
     class Meta:
         verbose_name = "robots.txt"
         verbose_name_plural = "robots.txt files"
+        indexes = [
+            # The prune walks the rows stale longest first (audits.retention).
+            models.Index(fields=["fresh_until", "id"], name="robots_txt_fresh_until_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.origin}/robots.txt ({self.availability or 'unread'})"

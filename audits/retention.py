@@ -1,6 +1,7 @@
-"""What the audits app lets go of: audits past AUDIT_RETENTION_DAYS, and link-check rows
-and distinct links not checked within LINK_CHECK_RETENTION_DAYS (jobs.retention prunes
-them).
+"""What the audits app lets go of: audits past AUDIT_RETENTION_DAYS, link-check rows
+and distinct links not checked within LINK_CHECK_RETENTION_DAYS, and origins' robots.txt
+files stale for ROBOTS_RETENTION_WINDOWS freshness windows (jobs.retention
+prunes them).
 
 An audit is kept, whatever its age, while it is unfinished, and while it is its page's
 latest succeeded audit: the page's next success compares with it (audits.changes,
@@ -14,8 +15,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
 
-from audits.models import Audit, LinkCheck, SharedLink
+from audits.models import Audit, LinkCheck, RobotsTxt, SharedLink
 from jobs.retention import PrunableKind
 
 
@@ -66,6 +68,30 @@ def shared_links_that_may_go(links: QuerySet) -> QuerySet:
     return links.filter(check_status=SharedLink.CheckStatus.IDLE).exclude(Exists(waiting))
 
 
+# A robots.txt row goes once it has been stale this many freshness windows
+# (ROBOTS_FRESH_SECONDS): a week by default after its last read, no check of its origin
+# having needed it since. Losing it costs nothing a stale row would not: the next check
+# of the origin reads the file again either way; only the last copy that an audit falls
+# back on while the host's bucket is closed goes, and a week-old copy is a poor one.
+ROBOTS_RETENTION_WINDOWS = 6
+# ...and never sooner than a day after it went stale, whatever the window.
+ROBOTS_RETENTION_MIN_DAYS = 1.0
+
+
+def robots_retention_days(fresh_seconds: float) -> float:
+    return max(ROBOTS_RETENTION_WINDOWS * fresh_seconds / 86400, ROBOTS_RETENTION_MIN_DAYS)
+
+
+def robots_txt_stale_before(cutoff: datetime) -> QuerySet:
+    return RobotsTxt.objects.filter(fresh_until__lt=cutoff)
+
+
+def robots_txt_that_may_go(rows: QuerySet) -> QuerySet:
+    """Not one a worker is reading right now (its update would find no row, and the next
+    check would read the file a second time)."""
+    return rows.exclude(claimed_until__gt=timezone.now())
+
+
 KINDS = [
     PrunableKind(
         name="link_checks",
@@ -82,6 +108,15 @@ KINDS = [
         walk=("checked_at", "id"),
         may_go=shared_links_that_may_go,
         description="distinct links not checked since, with nothing waiting on them",
+    ),
+    PrunableKind(
+        name="robots_txt",
+        horizon_setting="ROBOTS_FRESH_SECONDS",
+        horizon=robots_retention_days,
+        old_enough=robots_txt_stale_before,
+        walk=("fresh_until", "id"),
+        may_go=robots_txt_that_may_go,
+        description="origins' robots.txt files stale for six freshness windows (a week)",
     ),
     PrunableKind(
         name="audits",

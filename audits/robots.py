@@ -19,14 +19,16 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from audits.models import RobotsTxt
 from jobs.errors import RateLimited
 from outbound.guard import TargetNotAllowed
 from outbound.integrations import robots
-from outbound.integrations.robots import LinkVerdict, RobotsInfo
+from outbound.integrations.links import LinkVerdict
+from outbound.integrations.robots import RobotsInfo
 from outbound.urls import InvalidURL, origin_key
 from ratelimit.admission import admit
 from ratelimit.observations import DEFAULT_RESOURCE, host_key
@@ -127,13 +129,20 @@ def current(origin: str) -> RobotsInfo | None:
         )
         raise Busy(until.timestamp() if until else time.time() + claim_seconds())
     mine = RobotsTxt.objects.filter(origin=origin, claim_token=token)
+    # Let go unread, the row stays stale; a row never read gets a time it went stale
+    # from, so it ages out like any other (audits.retention walks `fresh_until`).
+    let_go = {
+        "claim_token": "",
+        "claimed_until": None,
+        "fresh_until": Coalesce(F("fresh_until"), Value(now)),
+    }
     try:
         info = robots.fetch_robots(origin)
     except TargetNotAllowed:
-        mine.update(claim_token="", claimed_until=None)
+        mine.update(**let_go)
         return None
     except BaseException:
-        mine.update(claim_token="", claimed_until=None)
+        mine.update(**let_go)
         raise
     fetched_at = timezone.now()
     mine.update(
@@ -142,6 +151,7 @@ def current(origin: str) -> RobotsInfo | None:
         body=info.body,
         truncated=info.truncated,
         error=info.error[:2000],
+        crawl_delay=robots.crawl_delay(info, settings.AUDIT_USER_AGENT),
         fetched_at=fetched_at,
         fresh_until=fetched_at + timedelta(seconds=info.fresh_seconds),
         claim_token="",

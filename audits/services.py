@@ -16,19 +16,21 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from audits import robots as robots_store
-from audits.analysis import audit_result
-from audits.findings import RobotsTxt
+from audits.analysis import audit_result, says_noindex
+from audits.findings import PageInfo, is_crawlable, robots_txt
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import AUDIT_JOB, Audit
 from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import FetchedPage, Validators, fetch_page
+from outbound.integrations.robots import RobotsInfo
 
 log = logging.getLogger(__name__)
 
 # The shape of `audit_result`'s fields. A 304 carries a previous result forward only when
 # it has this format: change it whenever the analysis reads something new from a page,
 # so no page keeps an older analysis's result for as long as it does not change.
-RESULT_FORMAT = 1
+# 2: results keep `crawl_directives`, which a 304 sending X-Robots-Tag reads.
+RESULT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def not_modified_result(previous: dict, page: FetchedPage, sent: Validators) -> 
 
     Security headers the 304 sends are read from it; one it leaves out (a 304 need only
     send its validators and caching headers) keeps its previous state, never "missing".
+    So does X-Robots-Tag: sent on the 304, it replaces the page's (`noindex` and
+    is-crawlable judged again, `crawl_again`); left out, they are carried.
     """
     result = {key: value for key, value in previous.items() if key not in ("links", "link_check")}
     result.update(
@@ -115,18 +119,43 @@ def not_modified_result(previous: dict, page: FetchedPage, sent: Validators) -> 
         renewed.last_modified if renewed and renewed.last_modified else sent.last_modified,
     )
     result["validators"] = {**validators.as_json(), "format": RESULT_FORMAT}
+    x_robots_tag = page.headers.get_list("x-robots-tag")
+    if x_robots_tag:
+        crawl_again(result, x_robots_tag)
     return result
 
 
-def page_robots_txt(url: str) -> RobotsTxt | None:
-    """The page's host's robots.txt, as the robots-txt and is-crawlable findings read it:
-    from the one robots.txt store link checks use (audits.robots), read once per host per
+def crawl_again(result: dict, x_robots_tag: list[str]) -> None:
+    """`noindex` and is-crawlable of a carried-forward result, judged again with the
+    X-Robots-Tag lines a 304 sent (they win over the page's earlier ones) and what the
+    page itself says (`result["crawl_directives"]`: its robots metas, unchanged since
+    the page is). is-crawlable reads the host's robots.txt too, so it is read now (the
+    one store, audits.robots) and the robots-txt finding follows it. A page whose
+    is-crawlable could not be judged (too large for a tree) keeps its finding."""
+    directives = result.get("crawl_directives") or {}
+    result["noindex"] = bool(directives.get("meta_noindex")) or says_noindex(x_robots_tag)
+    metas = directives.get("metas")
+    findings = result.get("findings")
+    if not isinstance(metas, list) or not isinstance(findings, list):
+        return
+    robots = page_robots_txt(result["final_url"])
+    page = PageInfo(
+        final_url=result["final_url"],
+        status_code=result["status_code"],
+        headers=[("x-robots-tag", value) for value in x_robots_tag],
+    )
+    judged = {
+        "is-crawlable": is_crawlable([(name, content) for name, content in metas], page, robots),
+        "robots-txt": robots_txt(robots),
+    }
+    result["findings"] = [judged.get(item.get("id"), item) for item in findings]
+
+
+def page_robots_txt(url: str) -> RobotsInfo | None:
+    """The page's host's robots.txt, for the robots-txt and is-crawlable findings: from
+    the one robots.txt store link checks use (audits.robots), read once per host per
     freshness window under the host's politeness; None when it cannot be known now."""
-    info = robots_store.robots_for(url)
-    if info is None:
-        return None
-    answered = info.status_code is not None and 200 <= info.status_code < 300
-    return RobotsTxt(info.status_code, info.body if answered else None)
+    return robots_store.robots_for(url)
 
 
 def execute_audit(

@@ -181,14 +181,18 @@ def plumb_findings(site: Site, path: str) -> dict[str, dict]:
     import httpx
 
     from audits.analysis import audit_result
-    from audits.findings import RobotsTxt
     from outbound.integrations.page import FetchedPage
+    from outbound.integrations.robots import RULES, RobotsInfo, availability_of
 
     url = site.origin + path
     response = httpx.get(url)
     robots_response = httpx.get(site.origin + "/robots.txt")
     status = robots_response.status_code
-    robots = RobotsTxt(status, robots_response.text if 200 <= status < 300 else None)
+    availability = availability_of(status)
+    robots = RobotsInfo(
+        f"{site.origin}/robots.txt", status,
+        robots_response.text if availability == RULES else "", availability,
+    )  # fmt: skip
     page = FetchedPage(
         requested_url=url, final_url=url, status_code=response.status_code,
         headers=response.headers, body=response.content, truncated=False, ttfb_ms=0.0,
@@ -270,11 +274,14 @@ def cpu_cost() -> None:
         decoded_chunks,
         sniff_encoding,
     )
-    from audits.findings import PageInfo, RobotsTxt, page_findings
+    from audits.findings import PageInfo, page_findings
+    from outbound.integrations.robots import RULES, RobotsInfo
     from tests.html_corpus import corpus_pages
 
     pages = corpus_pages()
-    robots = RobotsTxt(200, "User-agent: *\nDisallow: /private\n")
+    robots = RobotsInfo(
+        "https://corpus.test/robots.txt", 200, "User-agent: *\nDisallow: /private\n", RULES
+    )
 
     def main_analysis(body: bytes, url: str) -> None:  # the streaming pass alone, as on main
         sniffed = sniff_encoding(body)

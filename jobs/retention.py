@@ -49,6 +49,8 @@ class PrunableKind:
     walk                the columns the batches walk in order, unique together, led by
                         that index's columns (keyset pagination)
     may_go(rows)        those of `rows` that may be deleted (the conditions besides age)
+    horizon(value)      when the horizon derives from a setting that is not in days (a
+                        freshness window in seconds): the days, from that setting's value
     """
 
     name: str
@@ -57,10 +59,12 @@ class PrunableKind:
     walk: tuple[str, ...]
     may_go: Narrowing = _everything
     description: str = ""
+    horizon: Callable[[float], float] | None = None
 
     @property
     def horizon_days(self) -> float:
-        return getattr(settings, self.horizon_setting)
+        value = getattr(settings, self.horizon_setting)
+        return value if self.horizon is None else self.horizon(value)
 
 
 @dataclass

@@ -15,6 +15,7 @@ not asked again, and the chain it reports is still the whole one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from urllib.parse import urljoin
 
 import httpx
@@ -80,25 +81,30 @@ class RedirectChain:
         *,
         deadline: float,
         headers_for: dict[str, dict[str, str]] | None = None,
+        before_hop: Callable[[str], None] | None = None,
     ) -> httpx.Response:
         """The first answer that is not a redirect, streamed and open: the caller closes it.
 
         `deadline` (time.monotonic()) bounds the whole chain. `headers_for` adds headers
         to the hop of one URL (a conditional request's validators belong to the URL that
-        gave them). Raises TooManyRedirects, UnfollowableRedirect, DeadlinePassed, and
-        whatever `outbound.send` raises.
+        gave them). `before_hop(url)` is called before each redirect target is requested
+        (a resumed chain's current hop included); whatever it raises ends the chain there,
+        a RateLimited saying where the chain got to. Raises TooManyRedirects,
+        UnfollowableRedirect, DeadlinePassed, and whatever `outbound.send` raises.
         """
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlinePassed(f"no time left to fetch {self.current}")
-            request = outbound.http.build_request(
-                "GET",
-                self.current,
-                timeout=httpx.Timeout(remaining),
-                headers=(headers_for or {}).get(self.current),
-            )
             try:
+                if before_hop is not None and self.redirects:
+                    before_hop(self.current)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlinePassed(f"no time left to fetch {self.current}")
+                request = outbound.http.build_request(
+                    "GET",
+                    self.current,
+                    timeout=httpx.Timeout(remaining),
+                    headers=(headers_for or {}).get(self.current),
+                )
                 response = outbound.send(request, stream=True, deadline=deadline)
             except RateLimited as exc:
                 if self.redirects:

@@ -1,8 +1,9 @@
 """A host on 127.0.0.1 with a robots.txt a test sets: its status, body, delay or redirect.
 
-`/robots.txt` answers `robots` (a RobotsAnswer), counted in `robots_requests`; every other
-path is a link target answering 200, its arrivals kept per path in `hits` (with times in
-`arrivals`), so a test sees what was requested and what was not.
+`/robots.txt` answers `robots` (a RobotsAnswer), counted in `robots_requests`; a path in
+`redirects` answers 301 to its target; every other path is a link target answering 200.
+Every arrival but robots.txt's is kept per path in `hits` (with times in `arrivals`), so a
+test sees what was requested and what was not.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.hits[path] += 1
             self.server.arrivals.append(time.monotonic())
+        location = self.server.redirects.get(path)
+        if location is not None:
+            self.send_response(301)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = b"<!doctype html><title>Target</title>"
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -66,6 +74,7 @@ class RobotsSite(ThreadingHTTPServer):
         self.robots_requests = 0
         self.hits: Counter[str] = Counter()
         self.arrivals: list[float] = []
+        self.redirects: dict[str, str] = {}  # path -> the Location of its 301
 
     @property
     def url(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from audits import services
 from audits.models import Audit
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
 from tests.test_audit_changes import audit_now
@@ -102,6 +103,65 @@ def test_a_security_header_the_304_sends_is_read_from_it(page, redis_client):
     assert change["removed"] == ["content-security-policy"]
 
 
+def finding(audit: Audit, check: str) -> dict:
+    return next(item for item in audit.result["findings"] if item["id"] == check)
+
+
+def test_an_x_robots_tag_the_304_sends_is_read_from_it(page, redis_client):
+    first = audit_now(page.url)
+    assert first.result["noindex"] is False
+    assert finding(first, "is-crawlable")["outcome"] == "pass"
+
+    page.state.not_modified_headers = {"X-Robots-Tag": "noindex"}
+    again = audit_now(page.url, trigger=REAUDIT)
+
+    assert again.result["not_modified"] is True
+    assert again.result["noindex"] is True
+    crawlable = finding(again, "is-crawlable")
+    assert crawlable["outcome"] == "fail"
+    assert crawlable["details"]["items"] == ["X-Robots-Tag: noindex"]
+    changed = {change["field"]: change for change in again.changes}
+    assert changed["noindex"]["after"] is True
+    assert changed["failing_checks"]["added"] == ["is-crawlable"]
+    assert again.got_worse is True
+
+
+def test_an_x_robots_tag_the_304_leaves_out_is_carried_never_dropped(page, redis_client):
+    page.state.headers = {**page.state.headers, "X-Robots-Tag": "noindex"}
+    first = audit_now(page.url)
+    assert first.result["noindex"] is True
+    assert finding(first, "is-crawlable")["outcome"] == "fail"
+
+    again = audit_now(page.url, trigger=REAUDIT)  # the 304 sends its validators only
+
+    assert again.result["not_modified"] is True
+    assert again.result["noindex"] is True
+    assert finding(again, "is-crawlable") == finding(first, "is-crawlable")
+    assert again.changes == []
+
+
+def test_the_304s_x_robots_tag_replaces_the_pages_and_its_metas_still_count(page, redis_client):
+    page.state.headers = {**page.state.headers, "X-Robots-Tag": "noindex"}
+    audit_now(page.url)
+    page.state.not_modified_headers = {"X-Robots-Tag": "all"}
+    lifted = audit_now(page.url, trigger=REAUDIT)
+    assert lifted.result["noindex"] is False
+    assert finding(lifted, "is-crawlable")["outcome"] == "pass"
+    assert [change["field"] for change in lifted.changes] == ["noindex", "failing_checks"]
+    assert lifted.got_worse is False
+
+    # A noindex meta in the page is still there whatever the 304 says (the page did not
+    # change: its metas are the ones the full audit kept).
+    page.state.noindex, page.state.etag = True, '"v2"'
+    audit_now(page.url)
+    again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    assert again.result["noindex"] is True
+    assert finding(again, "is-crawlable")["details"]["items"] == [
+        '<meta name="robots" content="noindex" />'
+    ]
+
+
 def test_an_audit_a_client_submits_always_fetches_in_full(page, redis_client):
     audit_now(page.url)
     again = audit_now(page.url)
@@ -121,7 +181,9 @@ def test_a_result_of_another_analysis_format_is_not_carried_forward(
     page, monkeypatch, redis_client
 ):
     audit_now(page.url)
-    monkeypatch.setattr("audits.services.RESULT_FORMAT", 2)  # the analysis changed since
+    monkeypatch.setattr(
+        "audits.services.RESULT_FORMAT", services.RESULT_FORMAT + 1
+    )  # changed since
     again = audit_now(page.url, trigger=REAUDIT)
     assert conditional_headers(page.requests[-1]) == {}
     assert "not_modified" not in again.result

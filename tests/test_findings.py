@@ -15,10 +15,17 @@ from audits.findings import (
     FINDING_MAX_ITEMS,
     FINDING_MAX_TEXT,
     PageInfo,
-    RobotsTxt,
 )
+from outbound.integrations.robots import RobotsInfo, availability_of
 
 PAGE = "https://www.example.org/articles/one"
+
+
+def robots_file(status: int | None, body: str = "") -> RobotsInfo:
+    """The page's host's robots.txt as the store gives it: `status` None, no answer."""
+    return RobotsInfo("https://www.example.org/robots.txt", status, body, availability_of(status))
+
+
 HEAD = '<meta name="viewport" content="width=device-width"><title>T</title>'
 
 
@@ -28,7 +35,7 @@ def findings_of(
     url: str = PAGE,
     status: int = 200,
     headers: list[tuple[str, str]] | None = None,
-    robots: RobotsTxt | None = None,
+    robots: RobotsInfo | None = None,
 ) -> dict[str, dict]:
     result = analyze_html(
         html.encode(),
@@ -77,9 +84,9 @@ def test_a_robots_meta_in_the_body_is_not_read():
 
 
 def test_robots_txt_blocking_every_bot_fails_is_crawlable_and_a_group_of_its_own_escapes():
-    everyone = RobotsTxt(200, "User-agent: *\nDisallow: /articles\n")
+    everyone = robots_file(200, "User-agent: *\nDisallow: /articles\n")
     assert outcome("is-crawlable", "x", robots=everyone) == "fail"
-    google_allowed = RobotsTxt(
+    google_allowed = robots_file(
         200, "User-agent: *\nDisallow: /articles\n\nUser-agent: Googlebot\nAllow: /\n"
     )
     item = findings_of("x", robots=google_allowed)["is-crawlable"]
@@ -90,7 +97,7 @@ def test_robots_txt_blocking_every_bot_fails_is_crawlable_and_a_group_of_its_own
         "DuckDuckBot",
         "archive.org_bot",
     ]
-    longest_allow = RobotsTxt(200, "User-agent: *\nDisallow: /articles\nAllow: /articles/one$\n")
+    longest_allow = robots_file(200, "User-agent: *\nDisallow: /articles\nAllow: /articles/one$\n")
     assert outcome("is-crawlable", "x", robots=longest_allow) == "pass"
 
 
@@ -207,19 +214,20 @@ def test_hreflang_reads_link_headers():
 
 def test_robots_txt_outcomes_by_status_and_content():
     assert outcome("robots-txt", "x", robots=None) == "not_applicable"
-    assert outcome("robots-txt", "x", robots=RobotsTxt(None)) == "fail"
-    assert outcome("robots-txt", "x", robots=RobotsTxt(503)) == "fail"
-    assert outcome("robots-txt", "x", robots=RobotsTxt(404)) == "not_applicable"
-    assert outcome("robots-txt", "x", robots=RobotsTxt(200, "")) == "not_applicable"
+    assert outcome("robots-txt", "x", robots=robots_file(None)) == "fail"
+    assert outcome("robots-txt", "x", robots=robots_file(503)) == "fail"
+    assert outcome("robots-txt", "x", robots=robots_file(404)) == "not_applicable"
+    assert outcome("robots-txt", "x", robots=robots_file(200, "")) == "not_applicable"
     assert (
-        outcome("robots-txt", "x", robots=RobotsTxt(200, "User-agent: *\nDisallow: /x\n")) == "pass"
+        outcome("robots-txt", "x", robots=robots_file(200, "User-agent: *\nDisallow: /x\n"))
+        == "pass"
     )
 
 
 def test_robots_txt_errors_are_listed_by_line():
     body = ("# comment\nDisallow: /early\nUser-agent: *\nSitemap: /relative.xml\n"
             "Unknown-directive: x\nDisallow: nostart\nAllow: /a$b\nno colon\n")  # fmt: skip
-    item = findings_of("x", robots=RobotsTxt(200, body))["robots-txt"]
+    item = findings_of("x", robots=robots_file(200, body))["robots-txt"]
     assert item["outcome"] == "fail"
     assert [(row["line"], row["message"]) for row in item["details"]["items"]] == [
         (2, "No user-agent specified"),

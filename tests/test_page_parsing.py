@@ -9,7 +9,14 @@ import random
 
 import pytest
 
-from audits.analysis import analyze_html, decode_page, resolve_link
+from audits.analysis import (
+    _lexbor_input,
+    analyze_html,
+    decode_page,
+    decoded_chunks,
+    resolve_link,
+    sniff_encoding,
+)
 from outbound.urls import MAX_URL_LENGTH
 from tests.html_corpus import CorpusUnavailable, corpus_pages
 from tests.html_reference import browser_fields
@@ -158,6 +165,29 @@ def test_invalid_bytes_become_replacement_characters_and_the_rest_is_read():
     result = analyze(body, charset="utf-8")
     assert result["title"] == "ok \ufffd\ufffd\ufffd there"
     assert (result["h1_count"], result["external_links"]) == (1, ["https://x.example/"])
+
+
+@pytest.mark.parametrize(
+    ("body", "own_bytes"),
+    [
+        # Valid UTF-8 with a character outside the BMP and a U+FFFD of its own.
+        ("<title>\U0001f600 \ufffd ok</title><h1>h</h1>".encode(), True),
+        # A BOM: the bytes after it.
+        (b"\xef\xbb\xbf<title>\xc3\xa9 \xef\xbf\xbd</title><h1>h</h1>", True),
+        # An invalid byte beside a U+FFFD of the page's own: the decoded text.
+        (b"<title>\xff \xef\xbf\xbd</title><h1>h</h1>", False),
+        (b"<title>\xe0\xef\xbf\xbd</title><h1>h</h1>", False),
+    ],
+)
+def test_a_utf8_page_is_parsed_from_its_own_bytes_only_when_they_decode_unchanged(body, own_bytes):
+    sniffed = sniff_encoding(body)
+    chunks = list(decoded_chunks(body, sniffed))
+    source = _lexbor_input(body, sniffed, chunks)
+    text = "".join(chunks)
+    assert isinstance(source, bytes) is own_bytes
+    if own_bytes:
+        assert source == text.encode()  # the very bytes selectolax would have made
+    assert analyze(body)["title"] == text.split("<title>")[1].split("</title>")[0]
 
 
 def test_nul_bytes_do_not_end_the_page():

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audits.models import Audit, LinkCheck, Page, SharedLink
+from audits.models import Audit, LinkCheck, Page, RobotsTxt, SharedLink
 from jobs import retention
 from jobs.models import DeadLetter
 from ratelimit.observations import RateLimitObservation
@@ -169,6 +169,39 @@ def test_distinct_links_not_checked_lately_go_unless_a_check_waits_on_them():
     assert set(SharedLink.objects.values_list("id", flat=True)) == {
         fresh.id, in_flight.id, awaited.id
     }  # fmt: skip
+
+
+def test_robots_txt_files_go_six_freshness_windows_after_they_went_stale(settings):
+    settings.ROBOTS_FRESH_SECONDS = 86400
+    assert retention.kind("robots_txt").horizon_days == 6
+
+    def row(origin: str, *, stale_days: float, **fields) -> RobotsTxt:
+        return RobotsTxt.objects.create(
+            origin=origin, availability="rules", fresh_until=NOW - timedelta(days=stale_days),
+            **fields,
+        )  # fmt: skip
+
+    gone = row("https://gone.test", stale_days=7)
+    kept = row("https://kept.test", stale_days=5)
+    being_read = row(
+        "https://being-read.test", stale_days=30, claim_token="t",
+        claimed_until=timezone.now() + timedelta(seconds=30),
+    )  # fmt: skip
+    never_read = RobotsTxt.objects.create(origin="https://never-read.test")  # no time yet
+
+    assert prune("robots_txt").deleted == 1
+
+    assert not RobotsTxt.objects.filter(id=gone.id).exists()
+    assert set(RobotsTxt.objects.values_list("id", flat=True)) == {
+        kept.id, being_read.id, never_read.id
+    }  # fmt: skip
+
+
+def test_the_robots_txt_horizon_follows_the_freshness_window(settings):
+    settings.ROBOTS_FRESH_SECONDS = 7 * 86400
+    assert retention.kind("robots_txt").horizon_days == 42
+    settings.ROBOTS_FRESH_SECONDS = 0  # read every time: a stale copy kept a day still
+    assert retention.kind("robots_txt").horizon_days == 1
 
 
 # --- batches -----------------------------------------------------------------------
@@ -412,6 +445,8 @@ def test_the_beat_entry_prunes_through_a_reaudit_worker(start_worker):
         ("reaudit_placements", "placement_once_per_night", "fresh"),
         ("webhook_dead_letters", "deadletter_task_failed_idx", "as they are"),
         ("webhook_dead_letters", "deadletter_task_failed_idx", "fresh"),
+        ("robots_txt", "robots_txt_fresh_until_idx", "as they are"),
+        ("robots_txt", "robots_txt_fresh_until_idx", "fresh"),
     ],
 )
 def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
@@ -449,10 +484,19 @@ def test_each_batch_is_read_by_one_index_range(kind, index, statistics):
         cursor.execute(
             "UPDATE jobs_deadletter SET last_failed_at = %s + random() * interval '1 day'", [OLD]
         )
+    RobotsTxt.objects.bulk_create(
+        RobotsTxt(origin=f"https://r{n}.test", availability="rules", fresh_until=OLD)
+        for n in range(2000)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE audits_robotstxt SET fresh_until = %s + random() * interval '1 day'", [OLD]
+        )
     if statistics == "fresh":
         with connection.cursor() as cursor:
             cursor.execute(
-                "ANALYZE audits_audit, audits_linkcheck, reaudit_placement, jobs_deadletter"
+                "ANALYZE audits_audit, audits_linkcheck, reaudit_placement, jobs_deadletter, "
+                "audits_robotstxt"
             )
 
     with CaptureQueriesContext(connection) as queries:

@@ -163,6 +163,80 @@ def test_more_than_five_redirects_is_as_if_there_were_no_robots_txt(host, redis_
     assert RobotsTxt.objects.get().availability == UNAVAILABLE
 
 
+@pytest.fixture
+def other_host():
+    server = RobotsSite().start()
+    yield server
+    server.stop()
+
+
+def test_a_redirect_to_another_host_reads_that_hosts_robots_txt_before_following(
+    host, other_host, redis_client
+):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nAllow: /\n")
+    other_host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /private\n")
+    blocked_target = f"{other_host.url}/private/moved-here"
+    allowed_target = f"{other_host.url}/public/moved-here"
+    host.redirects = {"/old": blocked_target, "/older": allowed_target}
+    blocked, allowed = f"{host.url}/old", f"{host.url}/older"
+
+    entries = check_links([blocked, allowed])
+
+    assert statuses(entries) == {blocked: BLOCKED, allowed: "redirected"}
+    assert entries[blocked]["final_url"] == blocked_target  # reported at the hop
+    assert entries[blocked]["detail"] == (
+        f"redirected (301) to {blocked_target}, not requested: disallowed by "
+        f"{other_host.url}/robots.txt"
+    )
+    assert entries[allowed]["final_url"] == allowed_target
+    assert host.hits == {"/old": 1, "/older": 1}
+    assert other_host.hits == {"/public/moved-here": 1}  # never the disallowed one
+    assert (host.robots_requests, other_host.robots_requests) == (1, 1)
+
+
+def test_a_redirect_to_a_disallowed_path_of_the_same_host_is_not_followed(host, redis_client):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /private\n")
+    host.redirects = {"/moved": f"{host.url}/private/x"}
+    link = f"{host.url}/moved"
+    assert statuses(check_links([link])) == {link: BLOCKED}
+    assert host.hits == {"/moved": 1}
+    assert host.robots_requests == 1
+
+
+def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_is_not_followed(
+    host, other_host, redis_client
+):
+    other_host.robots = RobotsAnswer(status=503)
+    host.redirects = {"/old": f"{other_host.url}/page"}
+    link = f"{host.url}/old"
+    entries = check_links([link])
+    assert statuses(entries) == {link: BLOCKED}
+    assert "unreachable" in entries[link]["detail"]
+    assert other_host.hits == {}
+
+
+def test_a_deferred_check_resumed_at_a_hop_reads_that_hops_robots_txt(
+    host, other_host, redis_client
+):
+    """Another worker reading the target's robots.txt defers the check at the hop; run
+    again, it resumes there and obeys the file."""
+    other_host.robots = RobotsAnswer(body=b"User-agent: *\nDisallow: /\n")
+    host.redirects = {"/old": f"{other_host.url}/page"}
+    RobotsTxt.objects.create(
+        origin=other_host.url, claim_token="other",
+        claimed_until=timezone.now() + timedelta(seconds=30),
+    )  # fmt: skip
+    link = f"{host.url}/old"
+    with pytest.raises(RateLimited) as raised:
+        linkcheck.check_link(link, github=None, resume=None)
+    assert raised.value.resume["current"] == f"{other_host.url}/page"
+    RobotsTxt.objects.filter(origin=other_host.url).update(claim_token="", claimed_until=None)
+    outcome = linkcheck.check_link(link, github=None, resume=raised.value.resume)
+    assert outcome.status == BLOCKED
+    assert host.hits == {"/old": 1}  # the answered hop is not asked again
+    assert other_host.hits == {}
+
+
 def test_crawl_delay_spaces_the_hosts_link_checks(host, redis_client):
     host.robots = RobotsAnswer(body=b"User-agent: *\nCrawl-delay: 1\n")
     links = [f"{host.url}/{n}" for n in range(3)]
@@ -170,6 +244,27 @@ def test_crawl_delay_spaces_the_hosts_link_checks(host, redis_client):
     assert set(statuses(check_links(links)).values()) == {"ok"}
     gaps = [later - earlier for earlier, later in itertools.pairwise(host.arrivals)]
     assert len(gaps) == 2 and min(gaps) >= 0.9
+    assert RobotsTxt.objects.get(origin=host.url).crawl_delay == 1.0  # shown in the admin
+
+
+def test_the_robots_txt_admin_lists_the_files_and_changes_nothing(host, admin_client, redis_client):
+    host.robots = RobotsAnswer(body=b"User-agent: *\nCrawl-delay: 2\nDisallow: /private\n")
+    check_links([f"{host.url}/a"])
+    row = RobotsTxt.objects.get(origin=host.url)
+    url = "/admin/audits/robotstxt/"
+    listing = admin_client.get(url, {"q": host.url})
+    assert listing.status_code == 200
+    (shown,) = listing.context["cl"].result_list
+    assert (shown.origin, shown.status_code, shown.crawl_delay, shown.body_size) == (
+        host.url, 200, 2.0, len(row.body)
+    )  # fmt: skip
+    assert "body" in shown.get_deferred_fields()  # the list never loads the files
+    detail = admin_client.get(f"{url}{row.id}/change/")
+    assert detail.status_code == 200 and b"Disallow: /private" in detail.content
+    assert admin_client.get(f"{url}add/").status_code == 403
+    assert admin_client.post(f"{url}{row.id}/change/", {"origin": "x"}).status_code == 403
+    assert admin_client.post(f"{url}{row.id}/delete/", {"post": "yes"}).status_code == 403
+    assert RobotsTxt.objects.get(id=row.id).origin == host.url
 
 
 def test_a_host_whose_robots_txt_another_worker_reads_defers_the_check(host, redis_client):
@@ -232,7 +327,9 @@ def test_the_guard_still_refuses_a_private_host_before_its_robots_txt(host, sett
     link = f"{host.url}/page"
     assert statuses(check_links([link])) == {link: "skipped"}
     assert host.robots_requests == 0
-    assert RobotsTxt.objects.get().claim_token == ""  # let go: nothing to read there
+    row = RobotsTxt.objects.get()
+    assert row.claim_token == ""  # let go: nothing to read there
+    assert row.fresh_until is not None  # stale from now: it ages out (audits.retention)
 
 
 def test_a_host_that_does_not_resolve_is_reported_as_such(redis_client):

@@ -3,7 +3,8 @@
 Links to GitHub repositories are checked through the API when credentials are
 configured (exists? archived?), otherwise like any other link. Plain links hold
 one of their host's slots (LINKCHECK_PER_HOST_CONCURRENCY, LINKCHECK_PER_HOST_RATE)
-across every worker. Outcome statuses are the values of
+across every worker. Each redirect target is put to the caller's robots.txt verdict
+(`verdict_for`) before it is requested. Outcome statuses are the values of
 `audits.models.LinkCheck.Status` (outbound does not import audits).
 """
 
@@ -13,6 +14,7 @@ import contextlib
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,6 +47,25 @@ GITHUB_RESERVED = {
     "issues", "login", "marketplace", "new", "notifications", "orgs", "pricing", "pulls",
     "readme", "search", "security", "settings", "site", "sponsors", "team", "topics", "trending",
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LinkVerdict:
+    """May a link check request a URL (its origin's robots.txt, outbound.integrations.robots)."""
+
+    allowed: bool
+    crawl_delay: float | None = None  # seconds between a host's link checks, if it asks
+    detail: str = ""  # why a link is not requested
+
+
+# The verdict on a URL a check is about to request, None when there is none to give (no
+# origin, a refused host): audits.robots.link_verdict, handed in (outbound imports no app).
+# It may raise RateLimited (another worker is reading that robots.txt, or the host says wait).
+VerdictFor = Callable[[str], LinkVerdict | None]
+
+
+class _HopDisallowed(Exception):
+    """A redirect's target that its own robots.txt says not to request."""
 
 
 @dataclass(frozen=True)
@@ -90,16 +111,18 @@ def check_url(
     github: GitHubClient | None = None,
     resume: dict | None = None,
     crawl_delay: float | None = None,
+    verdict_for: VerdictFor | None = None,
 ) -> LinkOutcome:
     """Check one link. Raises RateLimited (defer) or Transient (retry).
 
     `resume` is where a deferred check of the link had got to (`RateLimited.resume`);
-    `crawl_delay` the link's origin's robots.txt Crawl-delay, if it has one.
+    `crawl_delay` the link's origin's robots.txt Crawl-delay, if it has one;
+    `verdict_for` is asked about each redirect target before it is requested.
     """
     repository = github_repository(url) if github is not None else None
     if repository is not None:
         return check_github_repository(github, *repository)
-    return check_http(url, resume=resume, crawl_delay=crawl_delay)
+    return check_http(url, resume=resume, crawl_delay=crawl_delay, verdict_for=verdict_for)
 
 
 def check_github_repository(github: GitHubClient, owner: str, name: str) -> LinkOutcome:
@@ -132,22 +155,53 @@ def does_not_resolve(exc: BaseException) -> bool:
 
 
 def check_http(
-    url: str, *, resume: dict | None = None, crawl_delay: float | None = None
+    url: str,
+    *,
+    resume: dict | None = None,
+    crawl_delay: float | None = None,
+    verdict_for: VerdictFor | None = None,
 ) -> LinkOutcome:
     """GET the link (no body read), following up to five redirects, host by host politely;
     from the hop a deferred check had reached, given its `resume`. A hop whose host is
     busy raises RateLimited saying where the chain got to. `crawl_delay` spaces the
-    link's own origin's checks (its robots.txt's Crawl-delay)."""
+    link's own origin's checks (its robots.txt's Crawl-delay).
+
+    Each redirect target is put to `verdict_for` before it is requested, as the link
+    itself was: one its robots.txt disallows (or whose robots.txt is unreachable) ends
+    the check `blocked_by_robots` at that hop, unrequested; one it allows is requested
+    at its own origin's Crawl-delay."""
     timeout = settings.AUDIT_FETCH_TIMEOUT_SECONDS
     chain = RedirectChain.resumed(url, resume)
     http = shared_client(timeout=timeout)
-    delays = None
+    delays: dict[str, float] = {}
     if crawl_delay:
         with contextlib.suppress(InvalidURL):
-            delays = {origin_key(url): crawl_delay}
+            delays[origin_key(url)] = crawl_delay
     outbound = OutboundClient(http, slots=link_check_slots(crawl_delays=delays))
+
+    def before_hop(hop: str) -> None:
+        verdict = verdict_for(hop)
+        if verdict is None:
+            return
+        if not verdict.allowed:
+            raise _HopDisallowed(verdict.detail)
+        if verdict.crawl_delay:
+            delays[origin_key(hop)] = verdict.crawl_delay
+            outbound.slots = link_check_slots(crawl_delays=delays)
+
     try:
-        response = chain.follow(outbound, deadline=time.monotonic() + timeout)
+        response = chain.follow(
+            outbound,
+            deadline=time.monotonic() + timeout,
+            before_hop=before_hop if verdict_for is not None else None,
+        )
+    except _HopDisallowed as exc:
+        last = chain.redirects[-1]
+        return LinkOutcome(
+            BLOCKED_BY_ROBOTS,
+            final_url=chain.current,
+            detail=f"redirected ({last['status_code']}) to {chain.current}, {exc}",
+        )
     except TargetNotAllowed as exc:
         return LinkOutcome(SKIPPED, detail=f"not checked: {exc}")
     except InvalidURL as exc:

@@ -31,7 +31,7 @@ from protego import Protego
 
 from outbound.bounded import TRUNCATED
 from outbound.client import OutboundClient, shared_client
-from outbound.integrations.links import does_not_resolve, link_check_slots
+from outbound.integrations.links import LinkVerdict, does_not_resolve, link_check_slots
 from outbound.redirects import RedirectChain, RedirectError
 
 # Google reads the first 500 KiB of a robots.txt and ignores the rest (RFC 9309: at least that).
@@ -59,13 +59,6 @@ class RobotsInfo:
         if self.availability == UNREACHABLE:
             return settings.ROBOTS_UNREACHABLE_SECONDS
         return settings.ROBOTS_FRESH_SECONDS
-
-
-@dataclass(frozen=True)
-class LinkVerdict:
-    allowed: bool
-    crawl_delay: float | None = None  # seconds between a host's link checks, if it asks
-    detail: str = ""  # why a link is not requested
 
 
 def robots_url(origin: str) -> str:
@@ -131,6 +124,14 @@ def fetch_robots(origin: str) -> RobotsInfo:
 def parsed(body: str) -> Protego:
     """One parse per distinct file per process: a host's links are checked one by one."""
     return Protego.parse(body)
+
+
+def crawl_delay(info: RobotsInfo, user_agent: str) -> float | None:
+    """The Crawl-delay (seconds) the file asks of `user_agent`, if any."""
+    if info.availability != RULES:
+        return None
+    delay = parsed(info.body).crawl_delay(user_agent)
+    return float(delay) if delay else None
 
 
 def verdict(info: RobotsInfo, url: str, user_agent: str) -> LinkVerdict:
