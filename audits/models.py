@@ -126,6 +126,7 @@ class AuditQuerySet(models.QuerySet):
         fields = {"result": result, "error": error, "finished_at": finished_at}
         connection = connections[self.db]
         with transaction.atomic(using=self.db):
+            page_callback_url = ""  # a failure owes the page's callback nothing
             if status != Audit.Status.SUCCEEDED:
                 row = AUDIT_JOB.finish(audit_id, status, returning=("callback_url",), **fields)
                 updated = bool(row)
@@ -134,7 +135,7 @@ class AuditQuerySet(models.QuerySet):
                 row = self._unfinished_locking_page(audit_id, connection)
                 if row is None:
                     return False
-                page_id, callback_url = row
+                page_id, callback_url, page_callback_url = row
                 page_fields = {}
                 previous = self._previous_success(page_id, audit_id, connection)
                 changes = compare(previous, result or {})
@@ -167,6 +168,7 @@ class AuditQuerySet(models.QuerySet):
                     audit_id=str(audit_id),
                     callback=bool(callback_url),
                     changed=bool(fields.get("changes")),
+                    page_callback=bool(page_callback_url),
                 )
         if updated:
             log.info(
@@ -180,10 +182,11 @@ class AuditQuerySet(models.QuerySet):
             )
         return bool(updated)
 
-    def _unfinished_locking_page(self, audit_id, connection) -> tuple[int, str] | None:
-        """The unfinished audit's page and callback URL, its page locked until the finish
-        commits, so two audits of one page finishing together compare in turn: the second
-        sees the first as its previous (it reads that after the lock is granted).
+    def _unfinished_locking_page(self, audit_id, connection) -> tuple[int, str, str] | None:
+        """The unfinished audit's page, its callback URL and its page's (for the listeners
+        of `audit_finished`), the page locked until the finish commits, so two audits of
+        one page finishing together compare in turn: the second sees the first as its
+        previous (it reads that after the lock is granted).
 
         SQLite has no row locks and needs none: its transactions (IMMEDIATE, settings)
         take the database's one write lock as they begin, so finishes already run in turn.
@@ -343,14 +346,11 @@ def _sql_list(values) -> str:
 _A, _P = f'"{Audit._meta.db_table}"', f'"{Page._meta.db_table}"'
 _FINISHED = _sql_list(Audit.FINISHED)
 UNFINISHED_SQL = (
-    f'SELECT {_A}."page_id", {_A}."callback_url" FROM {_A} '
+    f'SELECT {_A}."page_id", {_A}."callback_url", {_P}."callback_url" FROM {_A} '
+    f'INNER JOIN {_P} ON {_P}."id" = {_A}."page_id" '
     f'WHERE {_A}."id" = %s AND NOT ({_A}."status" IN ({_FINISHED}))'
 )
-UNFINISHED_LOCKING_PAGE_SQL = (
-    f'SELECT {_A}."page_id", {_A}."callback_url" FROM {_A} '
-    f'INNER JOIN {_P} ON {_P}."id" = {_A}."page_id" '
-    f'WHERE {_A}."id" = %s AND NOT ({_A}."status" IN ({_FINISHED})) FOR UPDATE OF {_P}'
-)
+UNFINISHED_LOCKING_PAGE_SQL = UNFINISHED_SQL + f" FOR UPDATE OF {_P}"
 _SUCCESS = f"'{Audit.Status.SUCCEEDED}'"
 PREVIOUS_SUCCESS_SQL = (
     f'SELECT {_A}."result" FROM {_A} WHERE {_A}."page_id" = %s AND {_A}."status" = {_SUCCESS} '

@@ -464,8 +464,11 @@ def record_downstream_request(
     seconds: float,
     *,
     now: float | None = None,
+    pipe: Pipeline | None = None,
 ) -> None:
-    """One HTTP request sent to a downstream (every redirect hop is one)."""
+    """One HTTP request sent to a downstream (every redirect hop is one); with `pipe`,
+    its writes join the caller's pipeline (the outbound client's, with the host slot's
+    release)."""
     _check("key_class", key_class, KEY_CLASSES)
     _check("outcome", outcome, DOWNSTREAM_OUTCOMES)
 
@@ -474,7 +477,7 @@ def record_downstream_request(
         r.observe(DOWNSTREAM_LATENCY, key_class, value=seconds)
         r.bump(Field.DOWNSTREAM_REQUESTS)
 
-    _record("downstream_request", write, now)
+    _record("downstream_request", write, now, pipe)
 
 
 def read_counter(metric: Metric, *, client: redis.Redis | None = None) -> dict[tuple, float]:

@@ -20,14 +20,17 @@ that reaches a downstream, or fails trying, is one downstream request in the met
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import ssl
 import time
 from collections.abc import Callable
 
 import httpx
+import redis
 from django.conf import settings
 
+from config.redis import redis_client
 from jobs.errors import RateLimited
 from jobs.policy import RETRY, delay
 from observability.metrics import record_downstream_request
@@ -38,6 +41,8 @@ from outbound.urls import origin_key
 from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
 from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key
 from ratelimit.responses import Verdict, observe
+
+log = logging.getLogger(__name__)
 
 ACCEPT = "text/html,application/xhtml+xml,*/*;q=0.8"
 # The downstream-request metric's outcome for each answer.
@@ -206,9 +211,12 @@ class OutboundClient:
             admission = self._admit(key, resource)
             if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
                 raise RateLimited(key, resource, admission.until, reason="admission")
-            with self._slot(request.url, key, deadline):
-                if self.slots is not None:
+            with self._slot(request.url, key, deadline) as held:
+                if held.waited:
                     # Waiting for the slot took time: the bucket's word may have changed.
+                    # A slot taken at once (a page fetch's always is) keeps the word read
+                    # just before: admission is read once per request (DECISIONS.md, "The
+                    # audit's own plumbing").
                     admission = self._admit(key, resource)
                 if admission.go:
                     response = self._send_counted(request, key=key, stream=stream)
@@ -216,10 +224,18 @@ class OutboundClient:
                     answer = classify_status(
                         response.status_code, rate_limited=verdict is not None and verdict.limited
                     )
-                    _count(key, response, METRIC_OUTCOMES[answer])
+                    done = verdict is None or not verdict.limited
+                    # What the answer leaves in Redis goes in one round trip: the metric,
+                    # the host's slow-start mark and, when the call is done, the slot's
+                    # release (DECISIONS.md, "The audit's own plumbing").
+                    pipe = redis_client().pipeline(transaction=False)
+                    _count(key, response, METRIC_OUTCOMES[answer], pipe=pipe)
                     if self.slots is not None and not answer.retryable:
-                        hostslots.answered(self.slots, self._slot_name(request.url, key))
-                    if verdict is None or not verdict.limited:
+                        hostslots.answered(self.slots, self._slot_name(request.url, key), pipe=pipe)
+                    if done:
+                        held.release_into(pipe)
+                    _send_pipeline(pipe, held)
+                    if done:
                         return response
                     response.close()
                     until = _until(verdict)
@@ -268,7 +284,7 @@ class OutboundClient:
 
     def _slot(self, url: httpx.URL, key: str, deadline: float | None):
         if self.slots is None:
-            return contextlib.nullcontext()
+            return contextlib.nullcontext(hostslots.NOTHING_HELD)
         return hostslots.slot(
             self.slots,
             self._slot_name(url, key),
@@ -288,9 +304,21 @@ def _until(verdict: Verdict) -> float:
     return max(max(candidates), now)
 
 
-def _count(key: str, response: httpx.Response, outcome: str) -> None:
+def _count(key: str, response: httpx.Response, outcome: str, *, pipe) -> None:
     """Every request that reached a downstream is one downstream request (redirect hops too)."""
     started = response.extensions.get("plumb_started", time.monotonic())
     record_downstream_request(
-        key_class(key), response.status_code, outcome, time.monotonic() - started
+        key_class(key), response.status_code, outcome, time.monotonic() - started, pipe=pipe
     )
+
+
+def _send_pipeline(pipe, held: hostslots.Held) -> None:
+    """Send the answer's writes. Losing the metric must never fail the call it describes
+    (observability.metrics); a slot whose release went down with it is released by
+    `hostslots.slot` on its own as the block ends, as it would have been."""
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        held.not_sent()
+        log.warning("metrics.unrecorded", extra={"metric_event": "downstream_request",
+                                                 "error": repr(exc)})  # fmt: skip

@@ -151,15 +151,40 @@ def release(limit: SlotLimit, name: str, token: str) -> None:
     redis_client().zrem(_keys(limit, name)[0], token)
 
 
-def answered(limit: SlotLimit, name: str) -> None:
-    """`name` gave an answer (not an error or a 5xx): no slow start for a while."""
+def answered(limit: SlotLimit, name: str, *, pipe=None) -> None:
+    """`name` gave an answer (not an error or a 5xx): no slow start for a while. With
+    `pipe`, the write joins the caller's pipeline."""
     if limit.warmup_rate:
-        redis_client().set(_keys(limit, name)[2], 1, ex=ANSWERED_SECONDS)
+        (pipe or redis_client()).set(_keys(limit, name)[2], 1, ex=ANSWERED_SECONDS)
+
+
+class Held:
+    """A slot held for a block (`slot`): whether it was waited for, and its release, which
+    the holder may send with its own writes (`release_into`) instead of on its own."""
+
+    def __init__(self, waited: bool = False, release: tuple | None = None):
+        self.waited = waited
+        self._release = release  # (limit, name, token); None: no slot was taken
+        self.queued = False
+
+    def release_into(self, pipe) -> None:
+        """Queue the release into the holder's pipeline; the block's end then sends none.
+        If that pipeline fails, call `not_sent()`: the block's end releases it then."""
+        if self._release is not None and not self.queued:
+            limit, name, token = self._release
+            pipe.zrem(_keys(limit, name)[0], token)
+            self.queued = True
+
+    def not_sent(self) -> None:
+        self.queued = False
+
+
+NOTHING_HELD = Held()
 
 
 @contextlib.contextmanager
-def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> Iterator[None]:
-    """Hold one of `name`'s slots for the block.
+def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> Iterator[Held]:
+    """Hold one of `name`'s slots for the block (a `Held`: whether it waited for it).
 
     `max_wait` None never waits: a full host raises RateLimited at once with no
     retry time (nobody knows when a slot frees), for the job to back off. A number
@@ -168,10 +193,11 @@ def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> It
     slow calls to the host run. `key` is the bucket the RateLimited names.
     """
     if not limit.limits_anything:
-        yield
+        yield NOTHING_HELD
         return
     token = uuid.uuid4().hex
     deadline = time.monotonic() + (max_wait or 0.0)
+    waited = False
     while not (attempt := try_acquire(limit, name, token)).taken:
         # Every slot busy: poll again soon (jittered, so pollers do not line up).
         wait = (
@@ -184,10 +210,13 @@ def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> It
                 retry_at = None if attempt.wait is None else attempt.now + attempt.wait
             raise RateLimited(key, SLOTS_RESOURCE, retry_at, reason=_why_busy(limit, name, attempt))
         time.sleep(wait)
+        waited = True
+    held = Held(waited, (limit, name, token))
     try:
-        yield
+        yield held
     finally:
-        release(limit, name, token)
+        if not held.queued:
+            release(limit, name, token)
 
 
 def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:
