@@ -182,6 +182,16 @@ class AuditQuerySet(models.QuerySet):
             )
         return bool(updated)
 
+    def status_and_url(self, audit_id) -> tuple[str, str] | None:
+        """The audit's status and its page's URL (its task's breaker is the page's origin's),
+        read by a statement written once: every attempt asks it before it runs."""
+        connection = connections[self.db]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                STATUS_AND_URL_SQL, [Audit._meta.pk.get_db_prep_value(audit_id, connection)]
+            )
+            return cursor.fetchone()
+
     def _unfinished_locking_page(self, audit_id, connection) -> tuple[int, str, str] | None:
         """The unfinished audit's page, its callback URL and its page's (for the listeners
         of `audit_finished`), the page locked until the finish commits, so two audits of
@@ -351,6 +361,10 @@ UNFINISHED_SQL = (
     f'WHERE {_A}."id" = %s AND NOT ({_A}."status" IN ({_FINISHED}))'
 )
 UNFINISHED_LOCKING_PAGE_SQL = UNFINISHED_SQL + f" FOR UPDATE OF {_P}"
+STATUS_AND_URL_SQL = (
+    f'SELECT {_A}."status", {_P}."url" FROM {_A} INNER JOIN {_P} ON {_P}."id" = {_A}."page_id" '
+    f'WHERE {_A}."id" = %s'
+)
 _SUCCESS = f"'{Audit.Status.SUCCEEDED}'"
 PREVIOUS_SUCCESS_SQL = (
     f'SELECT {_A}."result" FROM {_A} WHERE {_A}."page_id" = %s AND {_A}."status" = {_SUCCESS} '
