@@ -38,8 +38,15 @@ from outbound import bounded, hostslots
 from outbound.guard import GuardedNetworkBackend
 from outbound.statuses import Answer, classify_status
 from outbound.urls import origin_key
-from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
-from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key
+from ratelimit.admission import (
+    INLINE_WAITS,
+    MAX_INLINE_RETRIES,
+    Admission,
+    admit,
+    admit_read,
+    reads_one_bucket,
+)
+from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key, hot_key
 from ratelimit.responses import Verdict, observe
 
 log = logging.getLogger(__name__)
@@ -205,18 +212,33 @@ class OutboundClient:
         key = key or admission_key_for_url(request.url)
         if deadline is not None:
             request.extensions[bounded.DEADLINE] = deadline
+        # A bucket admission reads alone (a host's) is read in the slot's own step, one
+        # round trip for both (outbound.hostslots.ACQUIRE); others are read first.
+        together = self.slots is not None and self.rate_limits and reads_one_bucket(key, resource)
         for step in range(1, MAX_INLINE_RETRIES + 2):
             # A bucket closed past the inline budget is refused before a slot is taken: a
             # host that blocked us for hours must not hold its callers to its slot rate.
-            admission = self._admit(key, resource)
-            if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
-                raise RateLimited(key, resource, admission.until, reason="admission")
-            with self._slot(request.url, key, deadline) as held:
-                if held.waited:
+            # (Read with the slot, a closed bucket takes none.)
+            if not together:
+                admission = self._admit(key, resource)
+                if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
+                    raise RateLimited(key, resource, admission.until, reason="admission")
+            bucket = (hot_key(key, resource), time.time()) if together else None
+            with self._slot(request.url, key, deadline, bucket=bucket) as held:
+                if together:
+                    admission = admit_read(key, resource, held.bucket, now=time.time())
+                    if held.bucket_closed and admission.go:
+                        # Open again since the slot's step read it closed: no slot is
+                        # held, so this round does not send; the next one takes a slot.
+                        admission = Admission(key=key, resource=resource, until=time.time())
+                    if not admission.go and admission.wait_seconds() > self._inline_budget(
+                        deadline
+                    ):
+                        raise RateLimited(key, resource, admission.until, reason="admission")
+                elif held.waited:
                     # Waiting for the slot took time: the bucket's word may have changed.
-                    # A slot taken at once (a page fetch's always is) keeps the word read
-                    # just before: admission is read once per request (DECISIONS.md, "The
-                    # audit's own plumbing").
+                    # A slot taken at once keeps the word read just before: admission is
+                    # read once per request (DECISIONS.md, "The audit's own plumbing").
                     admission = self._admit(key, resource)
                 if admission.go:
                     response = self._send_counted(request, key=key, stream=stream)
@@ -282,7 +304,7 @@ class OutboundClient:
             return self.inline_max_wait
         return min(self.inline_max_wait, deadline - time.monotonic())
 
-    def _slot(self, url: httpx.URL, key: str, deadline: float | None):
+    def _slot(self, url: httpx.URL, key: str, deadline: float | None, *, bucket=None):
         if self.slots is None:
             return contextlib.nullcontext(hostslots.NOTHING_HELD)
         return hostslots.slot(
@@ -290,6 +312,7 @@ class OutboundClient:
             self._slot_name(url, key),
             key=key,
             max_wait=max(0.0, self._inline_budget(deadline)) if self.slots.wait_inline else None,
+            bucket=bucket,
         )
 
     def _slot_name(self, url: httpx.URL, key: str) -> str:

@@ -7,6 +7,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import linkcheck, submission
@@ -61,6 +63,43 @@ def test_a_claim_counts_one_attempt_and_a_finished_job_claims_nothing():
     assert not AUDIT_JOB.finish(audit.id, Audit.Status.FAILED)
     assert not AUDIT_JOB.claim(audit.id)
     assert Audit.objects.get(id=audit.id).status == "succeeded"
+
+
+@pytest.mark.django_db
+def test_a_claim_returns_what_its_attempt_needs_from_its_own_statement():
+    audit = queued_audit("https://example.org/claimed")
+    with CaptureQueriesContext(connection) as queries:
+        claimed = AUDIT_JOB.claim(
+            audit.id, attempt=3, error="", returning=("page__url", "page_id", "trigger")
+        )
+    assert claimed == ("https://example.org/claimed", audit.page_id, "submitted")
+    assert len(queries.captured_queries) == 1
+    audit.refresh_from_db()
+    assert (audit.status, audit.attempts) == ("running", 3)  # at least the attempt given
+    assert AUDIT_JOB.finish(audit.id, Audit.Status.FAILED, returning=("callback_url",)) == ("",)
+    assert AUDIT_JOB.claim(audit.id, returning=("page_id",)) is False
+
+
+@pytest.mark.django_db
+def test_a_success_finishes_in_three_statements_and_a_failure_in_one():
+    audit = queued_audit("https://example.org/finished")
+    AUDIT_JOB.claim(audit.id)
+    with CaptureQueriesContext(connection) as queries:
+        assert Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result={"a": 1})
+    # Its row with its page locked, the previous success, the update (its page's failing
+    # checks written too: a first success), and the transaction's own.
+    statements = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))
+    ]
+    assert len(statements) == 4, statements
+    failed = queued_audit("https://example.org/failed")
+    AUDIT_JOB.claim(failed.id)
+    with CaptureQueriesContext(connection) as queries:
+        assert Audit.objects.finish(failed.id, status=Audit.Status.FAILED, error="gone")
+    statements = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))
+    ]
+    assert len(statements) == 1, statements
 
 
 @pytest.mark.django_db
