@@ -7,8 +7,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import linkcheck, submission
@@ -66,9 +64,11 @@ def test_a_claim_counts_one_attempt_and_a_finished_job_claims_nothing():
 
 
 @pytest.mark.django_db
-def test_a_claim_returns_what_its_attempt_needs_from_its_own_statement():
+def test_a_claim_returns_what_its_attempt_needs_from_its_own_statement(
+    django_assert_max_num_queries,
+):
     audit = queued_audit("https://example.org/claimed")
-    with CaptureQueriesContext(connection) as queries:
+    with django_assert_max_num_queries(1) as queries:
         claimed = AUDIT_JOB.claim(
             audit.id, attempt=3, error="", returning=("page__url", "page_id", "trigger")
         )
@@ -81,10 +81,12 @@ def test_a_claim_returns_what_its_attempt_needs_from_its_own_statement():
 
 
 @pytest.mark.django_db
-def test_a_success_finishes_in_three_statements_and_a_failure_in_one():
+def test_a_success_finishes_in_three_statements_and_a_failure_in_one(
+    django_assert_max_num_queries,
+):
     audit = queued_audit("https://example.org/finished")
     AUDIT_JOB.claim(audit.id)
-    with CaptureQueriesContext(connection) as queries:
+    with django_assert_max_num_queries(10) as queries:
         assert Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result={"a": 1})
     # Its row with its page locked, the previous success, the update (its page's failing
     # checks written too: a first success), and the transaction's own.
@@ -94,7 +96,7 @@ def test_a_success_finishes_in_three_statements_and_a_failure_in_one():
     assert len(statements) == 4, statements
     failed = queued_audit("https://example.org/failed")
     AUDIT_JOB.claim(failed.id)
-    with CaptureQueriesContext(connection) as queries:
+    with django_assert_max_num_queries(10) as queries:
         assert Audit.objects.finish(failed.id, status=Audit.Status.FAILED, error="gone")
     statements = [
         q["sql"] for q in queries.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))
