@@ -221,11 +221,12 @@ def run_shared_check(
 
     `resume` is where a deferred run of this check had got to (a redirect's next hop):
     the check goes on from there, in whichever client's turn is free now."""
-    if not LINK_CHECK_JOB.claim(shared_link_id, task_id=task_id):
-        return None  # a duplicate, or its outcome is recorded already
-    url, suspect_since = (
-        SharedLink.objects.filter(id=shared_link_id).values_list("url", "suspect_since").get()
+    claimed = LINK_CHECK_JOB.claim(
+        shared_link_id, task_id=task_id, returning=("url", "suspect_since")
     )
+    if not claimed:
+        return None  # a duplicate, or its outcome is recorded already
+    url, suspect_since = claimed
     credentials = GitHubCredentials.from_settings()
     github = GitHubClient(credentials) if credentials else None
     try:

@@ -11,7 +11,7 @@ from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
-from jobs.lifecycle import Job
+from jobs.lifecycle import Job, Returned
 from jobs.models import JobRow
 
 log = logging.getLogger(__name__)
@@ -103,24 +103,41 @@ class Page(models.Model):
 
 
 class AuditQuerySet(models.QuerySet):
-    def finish(self, audit_id, *, status: str, result: dict | None = None, error: str = "") -> bool:
+    def finish(
+        self,
+        audit_id,
+        *,
+        status: str,
+        result: dict | None = None,
+        error: str = "",
+    ) -> bool:
         """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
 
         A success stores what changed since the page's previous succeeded audit
         (audits.changes), computed here, once, after the link checks. `audit_finished` goes
         out inside the finish's transaction (a callback URL's delivery is owed with it).
+
+        Its statements are written once (below), as the claim's and the job's finish are
+        (jobs.lifecycle): a failure is one UPDATE returning what the listeners need; a
+        success reads its row and locks its page in one statement, reads the previous
+        success in another, then writes (DECISIONS.md, "The audit's own plumbing").
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
-        with transaction.atomic():
-            row = AUDIT_JOB.unfinished(audit_id).values_list("page_id", "callback_url").first()
-            if row is None:
-                return False
-            page_id, callback_url = row
-            page_fields = {}
-            if status == Audit.Status.SUCCEEDED:
-                self._lock_page(page_id)
-                previous = self._previous_success(page_id, audit_id)
+        connection = connections[self.db]
+        with transaction.atomic(using=self.db):
+            page_callback_url = ""  # a failure owes the page's callback nothing
+            if status != Audit.Status.SUCCEEDED:
+                row = AUDIT_JOB.finish(audit_id, status, returning=("callback_url",), **fields)
+                updated = bool(row)
+                callback_url = row[0] if row else ""
+            else:
+                row = self._unfinished_locking_page(audit_id, connection)
+                if row is None:
+                    return False
+                page_id, callback_url, page_callback_url = row
+                page_fields = {}
+                previous = self._previous_success(page_id, audit_id, connection)
                 changes = compare(previous, result or {})
                 fields.update(changes=changes, got_worse=got_worse(changes))
                 if changes:
@@ -135,10 +152,10 @@ class AuditQuerySet(models.QuerySet):
                     or any(change["field"] == FAILING_CHECKS for change in changes or [])
                 ):
                     page_fields["failing_checks"] = sorted(failing_checks(result or {}))
-            # Still conditional: a finisher racing this one since the read changes nothing.
-            updated = AUDIT_JOB.finish(audit_id, status, **fields)
-            if updated and page_fields:
-                Page.objects.filter(id=page_id).update(**page_fields)
+                # Still conditional: a finisher racing this one since the read changes nothing.
+                updated = AUDIT_JOB.finish(audit_id, status, **fields)
+                if updated and page_fields:
+                    Page.objects.filter(id=page_id).update(**page_fields)
             if updated:
                 # Inside the finish's transaction: what a listener owes because of it (a
                 # webhook delivery's row) commits with the finish or not at all, and it
@@ -151,6 +168,7 @@ class AuditQuerySet(models.QuerySet):
                     audit_id=str(audit_id),
                     callback=bool(callback_url),
                     changed=bool(fields.get("changes")),
+                    page_callback=bool(page_callback_url),
                 )
         if updated:
             log.info(
@@ -164,24 +182,42 @@ class AuditQuerySet(models.QuerySet):
             )
         return bool(updated)
 
-    def _lock_page(self, page_id: int) -> None:
-        """Lock the audit's page until the finish commits, so two audits of one page
-        finishing together compare in turn: the second sees the first as its previous.
+    def status_and_url(self, audit_id) -> tuple[str, str] | None:
+        """The audit's status and its page's URL (its task's breaker is the page's origin's),
+        read by a statement written once: every attempt asks it before it runs."""
+        connection = connections[self.db]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                STATUS_AND_URL_SQL, [Audit._meta.pk.get_db_prep_value(audit_id, connection)]
+            )
+            return cursor.fetchone()
+
+    def _unfinished_locking_page(self, audit_id, connection) -> tuple[int, str, str] | None:
+        """The unfinished audit's page, its callback URL and its page's (for the listeners
+        of `audit_finished`), the page locked until the finish commits, so two audits of
+        one page finishing together compare in turn: the second sees the first as its
+        previous (it reads that after the lock is granted).
 
         SQLite has no row locks and needs none: its transactions (IMMEDIATE, settings)
         take the database's one write lock as they begin, so finishes already run in turn.
         """
-        if connections[self.db].features.has_select_for_update:
-            list(Page.objects.select_for_update().filter(id=page_id).values_list("id"))
+        sql = UNFINISHED_LOCKING_PAGE_SQL
+        if not connection.features.has_select_for_update:
+            sql = UNFINISHED_SQL
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [Audit._meta.pk.get_db_prep_value(audit_id, connection)])
+            return cursor.fetchone()
 
-    def _previous_success(self, page_id: int, audit_id) -> dict | None:
-        return (
-            self.filter(page_id=page_id, status=Audit.Status.SUCCEEDED)
-            .exclude(id=audit_id)
-            .order_by("-finished_at")
-            .values_list("result", flat=True)
-            .first()
-        )
+    def _previous_success(self, page_id: int, audit_id, connection) -> dict | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                PREVIOUS_SUCCESS_SQL,
+                [page_id, Audit._meta.pk.get_db_prep_value(audit_id, connection)],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return Audit._meta.get_field("result").from_db_value(row[0], None, connection)
 
 
 class Audit(JobRow):
@@ -306,6 +342,43 @@ AUDIT_JOB = Job(
     running=Audit.Status.RUNNING,
     waiting=Audit.Status.RETRYING,
     done=Audit.FINISHED,
+)
+
+
+def _sql_list(values) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+# The finish's reads of a success, and the claim's read of the previous success's result,
+# written once from the models' tables and columns. The statuses are literals, not
+# parameters, so SQLite matches the partial index audit_page_success_idx (a bound
+# parameter never matches one).
+_A, _P = f'"{Audit._meta.db_table}"', f'"{Page._meta.db_table}"'
+_FINISHED = _sql_list(Audit.FINISHED)
+UNFINISHED_SQL = (
+    f'SELECT {_A}."page_id", {_A}."callback_url", {_P}."callback_url" FROM {_A} '
+    f'INNER JOIN {_P} ON {_P}."id" = {_A}."page_id" '
+    f'WHERE {_A}."id" = %s AND NOT ({_A}."status" IN ({_FINISHED}))'
+)
+UNFINISHED_LOCKING_PAGE_SQL = UNFINISHED_SQL + f" FOR UPDATE OF {_P}"
+STATUS_AND_URL_SQL = (
+    f'SELECT {_A}."status", {_P}."url" FROM {_A} INNER JOIN {_P} ON {_P}."id" = {_A}."page_id" '
+    f'WHERE {_A}."id" = %s'
+)
+_SUCCESS = f"'{Audit.Status.SUCCEEDED}'"
+PREVIOUS_SUCCESS_SQL = (
+    f'SELECT {_A}."result" FROM {_A} WHERE {_A}."page_id" = %s AND {_A}."status" = {_SUCCESS} '
+    f'AND {_A}."id" <> %s ORDER BY {_A}."finished_at" DESC LIMIT 1'
+)
+# A nightly re-audit's claim returns its page's previous succeeded result (the validators
+# it may revalidate with, and the result a 304 carries forward): read by the claim's own
+# statement, for a re-audit only (audits.services.claim_audit).
+PREVIOUS_RESULT_OF_REAUDIT = Returned(
+    f"CASE WHEN {_A}.\"trigger\" = '{Audit.Trigger.REAUDIT}' THEN ("
+    f'SELECT previous."result" FROM {_A} AS previous WHERE previous."page_id" = {_A}."page_id" '
+    f'AND previous."status" = {_SUCCESS} AND previous."id" <> {_A}."id" '
+    f'ORDER BY previous."finished_at" DESC LIMIT 1) END',
+    Audit._meta.get_field("result"),
 )
 
 

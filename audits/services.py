@@ -19,7 +19,7 @@ from audits import robots as robots_store
 from audits.analysis import audit_result, says_noindex
 from audits.findings import PageInfo, is_crawlable, robots_txt
 from audits.linkcheck import QueuedCheck, start_link_checks
-from audits.models import AUDIT_JOB, Audit
+from audits.models import AUDIT_JOB, PREVIOUS_RESULT_OF_REAUDIT, Audit
 from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import FetchedPage, Validators, fetch_page
 from outbound.integrations.robots import RobotsInfo
@@ -38,42 +38,43 @@ class ClaimedAudit:
     url: str
     page_id: int
     trigger: str
+    # A nightly re-audit's page's previous succeeded result, read by the claim when
+    # AUDIT_CONDITIONAL_REAUDITS is on (None otherwise, and for a client's audit).
+    previous_result: dict | None = None
+
+
+# What the attempt needs of its row, read by the claim's own statement.
+CLAIMED = ("page__url", "page_id", "trigger")
 
 
 def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | None:
-    """Begin the audit's attempt (AUDIT_JOB.claim) and return its page; None if it
-    is finished, gone, or checking its links (a redelivery leaves that be)."""
+    """Begin the audit's attempt (AUDIT_JOB.claim) and return its page, in one statement;
+    None if it is finished, gone, or checking its links (a redelivery leaves that be).
+
+    A nightly re-audit's claim also reads what it may revalidate: its page's previous
+    succeeded result (`revalidation`), with conditional re-audits on."""
+    returning = CLAIMED
+    if settings.AUDIT_CONDITIONAL_REAUDITS:
+        returning = (*CLAIMED, PREVIOUS_RESULT_OF_REAUDIT)
     try:
-        claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="")
+        claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="", returning=returning)
     except ValidationError:
         log.error("audit.malformed_id", extra={"audit_id": audit_id})
         return None
     if not claimed:
         log.info("audit.skipped", extra={"audit_id": audit_id, "reason": "finished or missing"})
         return None
-    url, page_id, trigger = (
-        Audit.objects.filter(id=audit_id).values_list("page__url", "page_id", "trigger").get()
-    )
-    return ClaimedAudit(url, page_id, trigger)
+    return ClaimedAudit(*claimed)
 
 
-def previous_success(page_id: int, audit_id: str):
-    """The page's latest succeeded audit but this one (the rows `Audit.objects.finish` compares)."""
-    return (
-        Audit.objects.filter(page_id=page_id, status=Audit.Status.SUCCEEDED)
-        .exclude(id=audit_id)
-        .order_by("-finished_at")
-    )
-
-
-def revalidation(audit_id: str, claimed: ClaimedAudit) -> tuple[Validators, dict] | None:
+def revalidation(claimed: ClaimedAudit) -> tuple[Validators, dict] | None:
     """What a nightly re-audit may revalidate: the validators its page's last succeeded
     audit stored, with that result (carried forward on a 304), if the result was made by
-    this analysis (RESULT_FORMAT). One query; None for an audit a client submitted, which
-    always fetches in full: it asked to see the page as it is now."""
+    this analysis (RESULT_FORMAT). Read by the claim; None for an audit a client
+    submitted, which always fetches in full: it asked to see the page as it is now."""
     if not settings.AUDIT_CONDITIONAL_REAUDITS or claimed.trigger != Audit.Trigger.REAUDIT:
         return None
-    previous = previous_success(claimed.page_id, audit_id).values_list("result", flat=True).first()
+    previous = claimed.previous_result
     stored = previous.get("validators") if isinstance(previous, dict) else None
     if not isinstance(stored, dict) or stored.get("format") != RESULT_FORMAT:
         return None
@@ -172,7 +173,7 @@ def execute_audit(
     claimed = claim_audit(audit_id, attempt=attempt)
     if claimed is None:
         return []
-    revalidating = revalidation(audit_id, claimed)
+    revalidating = revalidation(claimed)
     validators, previous = revalidating or (None, None)
     try:
         fetched = fetch(claimed.url, resume=resume, validators=validators)

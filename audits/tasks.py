@@ -48,7 +48,7 @@ class AuditTask(PlumbTask):
             uuid.UUID(audit_id)
         except ValueError:
             raise MalformedTaskMessage(f"audit id {audit_id!r} is not a UUID") from None
-        row = Audit.objects.filter(id=audit_id).values_list("status", "page__url").first()
+        row = Audit.objects.status_and_url(audit_id)
         if row is None:
             # Audits are never deleted while queued: no row means a bad message.
             raise MalformedTaskMessage(f"no audit with id {audit_id}")

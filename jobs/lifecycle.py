@@ -29,12 +29,13 @@ and a copy that meets its original in flight is dropped before it claims
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import models
+from django.db import connections, models, router, transaction
 from django.db.models import F, Q
+from django.db.models.expressions import Col
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -89,6 +90,46 @@ class Owed:
 
 
 @dataclass(frozen=True)
+class Returned:
+    """A value a claim or a finish returns that is not a column of the job's row: an SQL
+    expression over the row (its table by name), read as `field` reads its column."""
+
+    sql: str
+    field: models.Field
+    params: tuple = ()
+
+
+@dataclass(frozen=True)
+class _Statement:
+    sql: str
+    converters: tuple  # (column, its converters) for each returned value
+    returning_params: tuple  # the RETURNING clause's, after the SET's and the WHERE's
+
+    def run(self, connection, params: list):
+        """The row the statement changed, its returned values converted as the ORM
+        converts them; None when no row changed."""
+        with (
+            transaction.mark_for_rollback_on_error(using=connection.alias),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(self.sql, [*params, *self.returning_params])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        values = []
+        for value, (col, converters) in zip(row, self.converters, strict=True):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return tuple(values)
+
+
+def _plain(fields: dict) -> bool:
+    """Every value is a value, none an expression (the ORM compiles those)."""
+    return not any(hasattr(value, "resolve_expression") for value in fields.values())
+
+
+@dataclass(frozen=True)
 class Job:
     """A kind of job, declared once by the app whose rows record it."""
 
@@ -105,6 +146,8 @@ class Job:
     # Only the task its row names may claim it: a shared link's check, whose claim by
     # an audit names the one task that records the link's outcome.
     claim_by_task: bool = False
+    # The claim's and the finish's statements, written once per shape (`_statement`).
+    _statements: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # --- the row's states -----------------------------------------------------------
     def _status(self, *values: str) -> Q:
@@ -119,8 +162,14 @@ class Job:
 
     # --- claim, wait, finish, fail -------------------------------------------------------
     def claim(
-        self, pk, *, task_id: str | None = None, attempt: int | None = None, **fields
-    ) -> bool:
+        self,
+        pk,
+        *,
+        task_id: str | None = None,
+        attempt: int | None = None,
+        returning: Sequence[str | Returned] = (),
+        **fields,
+    ):
         """Begin an attempt: running, one more attempt counted; False if there is nothing to
         claim (finished, gone, resting, or claimed under another task).
 
@@ -128,7 +177,40 @@ class Job:
         mid-attempt. `attempt`: the job's attempt number, given when it resumes after an
         outage of PostgreSQL, whose cut-short run counted it already and could not give it
         back: the row counts it once (at least `attempt`, never one more).
+
+        `returning`: what the attempt needs of its row, read by the claim's own statement
+        (UPDATE ... RETURNING) instead of a second query: column names, `fk__column` for a
+        column of the row a foreign key points to, or a `Returned` expression. The claim
+        then returns their values, in that order (a tuple), instead of True.
         """
+        if not _plain(fields):
+            return self._claim_by_orm(pk, task_id=task_id, attempt=attempt, **fields)
+        connection = connections[router.db_for_write(self.model)]
+        statement = self._statement(
+            connection, "claim", tuple(fields), attempt is not None, tuple(returning)
+        )
+        params = [str(self.running)]
+        if attempt is not None:
+            params.append(attempt)
+        params.append(
+            self.model._meta.get_field("attempt_started_at").get_db_prep_save(
+                timezone.now(), connection
+            )
+        )
+        params += [
+            self.model._meta.get_field(name).get_db_prep_save(value, connection)
+            for name, value in fields.items()
+        ]
+        params += [self._pk_param(pk, connection), *map(str, self.owed_statuses)]
+        if self.claim_by_task:
+            params.append(task_id)
+        row = statement.run(connection, params)
+        if row is None:
+            return False
+        return row if returning else True
+
+    def _claim_by_orm(self, pk, *, task_id, attempt, **fields) -> bool:
+        """The claim for fields given as expressions (none of Plumb's callers today)."""
         rows = self.model.objects.filter(self._status(*self.owed_statuses), pk=pk)
         if self.claim_by_task:
             rows = rows.filter(task_id=task_id)
@@ -164,13 +246,117 @@ class Job:
         else:
             running.update(**waiting, attempts=Greatest(F("attempts") - 1, 0))
 
-    def finish(self, pk, final: str, /, *, task_id: str | None = None, **fields) -> bool:
+    def finish(
+        self,
+        pk,
+        final: str,
+        /,
+        *,
+        task_id: str | None = None,
+        returning: Sequence[str | Returned] = (),
+        **fields,
+    ):
         """Record the outcome once; False if it was finished already (or is gone, or, for a
-        kind whose claim names its task, claimed under another task)."""
-        rows = self.unfinished(pk)
+        kind whose claim names its task, claimed under another task). `returning`, as for
+        `claim`: the finished row's values (a tuple) instead of True."""
+        if not _plain(fields):
+            rows = self.unfinished(pk)
+            if self.claim_by_task:
+                rows = rows.filter(task_id=task_id)
+            return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
+        connection = connections[router.db_for_write(self.model)]
+        statement = self._statement(connection, "finish", tuple(fields), False, tuple(returning))
+        params = [str(final)]
+        params += [
+            self.model._meta.get_field(name).get_db_prep_save(value, connection)
+            for name, value in fields.items()
+        ]
+        params += [self._pk_param(pk, connection), *map(str, self.done)]
         if self.claim_by_task:
-            rows = rows.filter(task_id=task_id)
-        return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
+            params.append(task_id)
+        row = statement.run(connection, params)
+        if row is None:
+            return False
+        return row if returning else True
+
+    # --- the claim's and the finish's statements --------------------------------------------
+    # Both run on every attempt of every job: written once per shape (the fields set, what
+    # is returned) from the declaration and the model's columns, then run with parameters,
+    # so an attempt pays for its two statements and not for compiling them (DECISIONS.md,
+    # "The audit's own plumbing").
+    def _pk_param(self, pk, connection):
+        return self.model._meta.pk.get_db_prep_value(pk, connection)
+
+    def _statement(
+        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+    ) -> _Statement:
+        key = (connection.alias, kind, names, given_attempt, returning)
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = self._statements[key] = self._write(
+                connection, kind, names, given_attempt, returning
+            )
+        return statement
+
+    def _write(
+        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+    ) -> _Statement:
+        meta = self.model._meta
+        qn = connection.ops.quote_name
+        table = qn(meta.db_table)
+
+        def column(name: str) -> str:
+            return qn(meta.get_field(name).column)
+
+        status = column(self.status_field)
+        sets = [f"{status} = %s"]
+        if kind == "claim":
+            attempts = column("attempts")
+            greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+            sets += [
+                f"{attempts} = {greatest}({attempts}, %s)" if given_attempt
+                else f"{attempts} = {attempts} + 1",
+                f"{column('attempt_started_at')} = %s",
+            ]  # fmt: skip
+        sets.append(f"{column('next_attempt_at')} = NULL")
+        sets += [f"{column(name)} = %s" for name in names]
+        if kind == "claim":
+            statuses = self.owed_statuses
+            condition = f"{status} IN ({', '.join(['%s'] * len(statuses))})"
+        else:
+            statuses = self.done
+            condition = f"NOT ({status} IN ({', '.join(['%s'] * len(statuses))}))"
+        where = f"{qn(meta.pk.column)} = %s AND {condition}"
+        if self.claim_by_task:
+            where += f" AND {column('task_id')} = %s"
+        sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {where}"
+        outputs, returning_params = [], []
+        for item in returning or (meta.pk.name,):
+            if isinstance(item, Returned):
+                outputs.append((item.sql, item.field))
+                returning_params += item.params
+                continue
+            name, _, related = item.partition("__")
+            own = meta.get_field(name)
+            if not related:
+                outputs.append((f"{table}.{qn(own.column)}", own))
+                continue
+            target = own.related_model._meta
+            target_field = target.get_field(related)
+            outputs.append(
+                (
+                    f"(SELECT {qn(target_field.column)} FROM {qn(target.db_table)} WHERE "
+                    f"{qn(target.pk.column)} = {table}.{qn(own.column)})",
+                    target_field,
+                )
+            )
+        sql += " RETURNING " + ", ".join(expression for expression, _ in outputs)
+        converters = []
+        for _, output in outputs:
+            col = Col(meta.db_table, output)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            converters.append((col, found))
+        return _Statement(sql, tuple(converters), tuple(returning_params))
 
     def requeue(self, pk, /, *, task_id: str, from_status: str, **fields) -> bool:
         """Queue a finished job again under a new task id (a replay). Its message starts a

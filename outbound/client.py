@@ -20,14 +20,17 @@ that reaches a downstream, or fails trying, is one downstream request in the met
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import ssl
 import time
 from collections.abc import Callable
 
 import httpx
+import redis
 from django.conf import settings
 
+from config.redis import redis_client
 from jobs.errors import RateLimited
 from jobs.policy import RETRY, delay
 from observability.metrics import record_downstream_request
@@ -35,9 +38,18 @@ from outbound import bounded, hostslots
 from outbound.guard import GuardedNetworkBackend
 from outbound.statuses import Answer, classify_status
 from outbound.urls import origin_key
-from ratelimit.admission import INLINE_WAITS, MAX_INLINE_RETRIES, Admission, admit
-from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key
+from ratelimit.admission import (
+    INLINE_WAITS,
+    MAX_INLINE_RETRIES,
+    Admission,
+    admit,
+    admit_read,
+    reads_one_bucket,
+)
+from ratelimit.observations import DEFAULT_RESOURCE, Kind, host_key, hot_key
 from ratelimit.responses import Verdict, observe
+
+log = logging.getLogger(__name__)
 
 ACCEPT = "text/html,application/xhtml+xml,*/*;q=0.8"
 # The downstream-request metric's outcome for each answer.
@@ -200,15 +212,33 @@ class OutboundClient:
         key = key or admission_key_for_url(request.url)
         if deadline is not None:
             request.extensions[bounded.DEADLINE] = deadline
+        # A bucket admission reads alone (a host's) is read in the slot's own step, one
+        # round trip for both (outbound.hostslots.ACQUIRE); others are read first.
+        together = self.slots is not None and self.rate_limits and reads_one_bucket(key, resource)
         for step in range(1, MAX_INLINE_RETRIES + 2):
             # A bucket closed past the inline budget is refused before a slot is taken: a
             # host that blocked us for hours must not hold its callers to its slot rate.
-            admission = self._admit(key, resource)
-            if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
-                raise RateLimited(key, resource, admission.until, reason="admission")
-            with self._slot(request.url, key, deadline):
-                if self.slots is not None:
+            # (Read with the slot, a closed bucket takes none.)
+            if not together:
+                admission = self._admit(key, resource)
+                if not admission.go and admission.wait_seconds() > self._inline_budget(deadline):
+                    raise RateLimited(key, resource, admission.until, reason="admission")
+            bucket = (hot_key(key, resource), time.time()) if together else None
+            with self._slot(request.url, key, deadline, bucket=bucket) as held:
+                if together:
+                    admission = admit_read(key, resource, held.bucket, now=time.time())
+                    if held.bucket_closed and admission.go:
+                        # Open again since the slot's step read it closed: no slot is
+                        # held, so this round does not send; the next one takes a slot.
+                        admission = Admission(key=key, resource=resource, until=time.time())
+                    if not admission.go and admission.wait_seconds() > self._inline_budget(
+                        deadline
+                    ):
+                        raise RateLimited(key, resource, admission.until, reason="admission")
+                elif held.waited:
                     # Waiting for the slot took time: the bucket's word may have changed.
+                    # A slot taken at once keeps the word read just before: admission is
+                    # read once per request (DECISIONS.md, "The audit's own plumbing").
                     admission = self._admit(key, resource)
                 if admission.go:
                     response = self._send_counted(request, key=key, stream=stream)
@@ -216,10 +246,18 @@ class OutboundClient:
                     answer = classify_status(
                         response.status_code, rate_limited=verdict is not None and verdict.limited
                     )
-                    _count(key, response, METRIC_OUTCOMES[answer])
+                    done = verdict is None or not verdict.limited
+                    # What the answer leaves in Redis goes in one round trip: the metric,
+                    # the host's slow-start mark and, when the call is done, the slot's
+                    # release (DECISIONS.md, "The audit's own plumbing").
+                    pipe = redis_client().pipeline(transaction=False)
+                    _count(key, response, METRIC_OUTCOMES[answer], pipe=pipe)
                     if self.slots is not None and not answer.retryable:
-                        hostslots.answered(self.slots, self._slot_name(request.url, key))
-                    if verdict is None or not verdict.limited:
+                        hostslots.answered(self.slots, self._slot_name(request.url, key), pipe=pipe)
+                    if done:
+                        held.release_into(pipe)
+                    _send_pipeline(pipe, held)
+                    if done:
                         return response
                     response.close()
                     until = _until(verdict)
@@ -266,14 +304,15 @@ class OutboundClient:
             return self.inline_max_wait
         return min(self.inline_max_wait, deadline - time.monotonic())
 
-    def _slot(self, url: httpx.URL, key: str, deadline: float | None):
+    def _slot(self, url: httpx.URL, key: str, deadline: float | None, *, bucket=None):
         if self.slots is None:
-            return contextlib.nullcontext()
+            return contextlib.nullcontext(hostslots.NOTHING_HELD)
         return hostslots.slot(
             self.slots,
             self._slot_name(url, key),
             key=key,
             max_wait=max(0.0, self._inline_budget(deadline)) if self.slots.wait_inline else None,
+            bucket=bucket,
         )
 
     def _slot_name(self, url: httpx.URL, key: str) -> str:
@@ -288,9 +327,21 @@ def _until(verdict: Verdict) -> float:
     return max(max(candidates), now)
 
 
-def _count(key: str, response: httpx.Response, outcome: str) -> None:
+def _count(key: str, response: httpx.Response, outcome: str, *, pipe) -> None:
     """Every request that reached a downstream is one downstream request (redirect hops too)."""
     started = response.extensions.get("plumb_started", time.monotonic())
     record_downstream_request(
-        key_class(key), response.status_code, outcome, time.monotonic() - started
+        key_class(key), response.status_code, outcome, time.monotonic() - started, pipe=pipe
     )
+
+
+def _send_pipeline(pipe, held: hostslots.Held) -> None:
+    """Send the answer's writes. Losing the metric must never fail the call it describes
+    (observability.metrics); a slot whose release went down with it is released by
+    `hostslots.slot` on its own as the block ends, as it would have been."""
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        held.not_sent()
+        log.warning("metrics.unrecorded", extra={"metric_event": "downstream_request",
+                                                 "error": repr(exc)})  # fmt: skip

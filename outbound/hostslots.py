@@ -47,35 +47,57 @@ ANSWERED_SECONDS = 60
 # that has not answered lately is slow-started (untimed like a busy host: whoever waits
 # on it backs off, since nobody knows when it will answer). Both limits are checked
 # and the slot taken in one step, so two workers cannot both take the last one.
+#
+# With a fourth key, the call's rate-limit bucket (ratelimit.observations' hot hash, a
+# bucket admission reads alone) and the caller's clock (ARGV[6], the clock observations
+# are written in): its FIELDS follow the three values, read in the same round trip, and
+# a bucket that is closed now takes no slot ({0, -3, now_ms, ...}): a host that blocked
+# us is refused before a slot is taken, as when admission was read on its own first.
+# A bucket Redis does not hold takes the slot; the caller reads the database then.
 ACQUIRE = lua(
     REDIS_NOW_LUA
     + """
-local inflight, next_key, answered_key = KEYS[1], KEYS[2], KEYS[3]
+local inflight, next_key, answered_key, bucket = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, limit = ARGV[1], tonumber(ARGV[2])
 local lease, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
 local warmup_interval = tonumber(ARGV[5])
 local now = redis_now()
+local now_ms = math.floor(now * 1000)
+local word = {}
+if bucket then
+  word = redis.call('HMGET', bucket, 'observed_at', 'kind', 'status_code', 'limit',
+                    'remaining', 'used', 'reset_at', 'blocked_until')
+  local observed = tonumber(word[1] or '')
+  if observed and observed ~= 0 then
+    local caller_now = tonumber(ARGV[6])
+    local blocked = tonumber(word[8] or '')
+    local remaining, reset = tonumber(word[5] or ''), tonumber(word[7] or '')
+    if (blocked and blocked > caller_now)
+       or (remaining and remaining <= 0 and reset and reset > caller_now) then
+      return {0, -3, now_ms, unpack(word)}
+    end
+  end
+end
 local warming = false
 if interval == 0 and warmup_interval > 0 and redis.call('EXISTS', answered_key) == 0 then
   interval, warming = warmup_interval, true
 end
-local now_ms = math.floor(now * 1000)
 redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
 if limit > 0 and redis.call('ZCARD', inflight) >= limit then
-  return {0, -1, now_ms}
+  return {0, -1, now_ms, unpack(word)}
 end
 if interval > 0 then
   local next_at = tonumber(redis.call('GET', next_key) or '0')
   if next_at > now then
-    if warming then return {0, -2, now_ms} end
-    return {0, math.ceil((next_at - now) * 1000), now_ms}
+    if warming then return {0, -2, now_ms, unpack(word)} end
+    return {0, math.ceil((next_at - now) * 1000), now_ms, unpack(word)}
   end
   redis.call('SET', next_key, string.format('%.6f', now + interval),
              'PX', math.ceil(interval * 1000) + 1000)
 end
 redis.call('ZADD', inflight, now + lease, token)
 redis.call('PEXPIRE', inflight, math.ceil(lease * 1000) + 1000)
-return {1, 0, now_ms}
+return {1, 0, now_ms, unpack(word)}
 """
 )
 
@@ -126,6 +148,10 @@ class Attempt:
     wait: float | None
     now: float  # Redis's clock, epoch seconds
     warming: bool = False  # not taken because the host has not answered lately
+    # Asked with a bucket: its hot hash's fields as HMGET gives them, and whether the
+    # bucket being closed is why no slot was taken.
+    bucket: list | None = None
+    bucket_closed: bool = False
 
 
 def _keys(limit: SlotLimit, name: str) -> list[str]:
@@ -133,33 +159,88 @@ def _keys(limit: SlotLimit, name: str) -> list[str]:
     return [f"{prefix}:inflight", f"{prefix}:next", f"{prefix}:answered"]
 
 
-def try_acquire(limit: SlotLimit, name: str, token: str) -> Attempt:
-    """Take one of `name`'s slots for `token`, if the limit allows it now."""
+def try_acquire(
+    limit: SlotLimit, name: str, token: str, *, bucket: tuple[str, float] | None = None
+) -> Attempt:
+    """Take one of `name`'s slots for `token`, if the limit allows it now; with `bucket`
+    (a rate-limit bucket's hot key and the caller's clock), read that bucket in the same
+    step and take no slot while it is closed (ACQUIRE)."""
     rate = limit.rate_for(name)
     interval = 1.0 / rate if rate else 0.0
     warmup_interval = 1.0 / limit.warmup_rate if limit.warmup_rate else 0.0
-    taken, wait_ms, now_ms = ACQUIRE(
-        keys=_keys(limit, name),
-        args=[token, limit.concurrency, repr(limit.lease), repr(interval), repr(warmup_interval)],
-        client=redis_client(),
-    )
+    keys = _keys(limit, name)
+    args = [token, limit.concurrency, repr(limit.lease), repr(interval), repr(warmup_interval)]
+    if bucket is not None:
+        keys.append(bucket[0])
+        args.append(repr(bucket[1]))
+    taken, wait_ms, now_ms, *fields = ACQUIRE(keys=keys, args=args, client=redis_client())
     wait = None if wait_ms < 0 else wait_ms / 1000
-    return Attempt(taken=bool(taken), wait=wait, now=now_ms / 1000, warming=wait_ms == -2)
+    return Attempt(
+        taken=bool(taken), wait=wait, now=now_ms / 1000, warming=wait_ms == -2,
+        bucket=fields if bucket is not None else None, bucket_closed=wait_ms == -3,
+    )  # fmt: skip
 
 
 def release(limit: SlotLimit, name: str, token: str) -> None:
     redis_client().zrem(_keys(limit, name)[0], token)
 
 
-def answered(limit: SlotLimit, name: str) -> None:
-    """`name` gave an answer (not an error or a 5xx): no slow start for a while."""
+def answered(limit: SlotLimit, name: str, *, pipe=None) -> None:
+    """`name` gave an answer (not an error or a 5xx): no slow start for a while. With
+    `pipe`, the write joins the caller's pipeline."""
     if limit.warmup_rate:
-        redis_client().set(_keys(limit, name)[2], 1, ex=ANSWERED_SECONDS)
+        (pipe or redis_client()).set(_keys(limit, name)[2], 1, ex=ANSWERED_SECONDS)
+
+
+class Held:
+    """A slot held for a block (`slot`): whether it was waited for, and its release, which
+    the holder may send with its own writes (`release_into`) instead of on its own.
+    Asked with a bucket: `bucket`, its fields as read with the slot (None: not asked), and
+    `bucket_closed`, no slot taken because that bucket is closed."""
+
+    def __init__(
+        self,
+        waited: bool = False,
+        release: tuple | None = None,
+        *,
+        bucket: list | None = None,
+        bucket_closed: bool = False,
+    ):
+        self.waited = waited
+        self._release = release  # (limit, name, token); None: no slot was taken
+        self.queued = False
+        self.bucket = bucket
+        self.bucket_closed = bucket_closed
+
+    def release_into(self, pipe) -> None:
+        """Queue the release into the holder's pipeline; the block's end then sends none.
+        If that pipeline fails, call `not_sent()`: the block's end releases it then."""
+        if self._release is not None and not self.queued:
+            limit, name, token = self._release
+            pipe.zrem(_keys(limit, name)[0], token)
+            self.queued = True
+
+    def not_sent(self) -> None:
+        self.queued = False
+
+
+NOTHING_HELD = Held()
 
 
 @contextlib.contextmanager
-def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> Iterator[None]:
-    """Hold one of `name`'s slots for the block.
+def slot(
+    limit: SlotLimit,
+    name: str,
+    *,
+    key: str,
+    max_wait: float | None,
+    bucket: tuple[str, float] | None = None,
+) -> Iterator[Held]:
+    """Hold one of `name`'s slots for the block (a `Held`: whether it waited for it).
+
+    `bucket` (a rate-limit bucket's hot key and the caller's clock) is read with each
+    try for the slot: while it is closed no slot is taken and the block runs holding
+    none (`Held.bucket_closed`), for the caller to act on the bucket's word.
 
     `max_wait` None never waits: a full host raises RateLimited at once with no
     retry time (nobody knows when a slot frees), for the job to back off. A number
@@ -168,11 +249,15 @@ def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> It
     slow calls to the host run. `key` is the bucket the RateLimited names.
     """
     if not limit.limits_anything:
-        yield
+        yield NOTHING_HELD
         return
     token = uuid.uuid4().hex
     deadline = time.monotonic() + (max_wait or 0.0)
-    while not (attempt := try_acquire(limit, name, token)).taken:
+    waited = False
+    while not (attempt := try_acquire(limit, name, token, bucket=bucket)).taken:
+        if attempt.bucket_closed:
+            yield Held(waited, None, bucket=attempt.bucket, bucket_closed=True)
+            return
         # Every slot busy: poll again soon (jittered, so pollers do not line up).
         wait = (
             BUSY_POLL_SECONDS * random.uniform(0.5, 1.5) if attempt.wait is None else attempt.wait
@@ -184,10 +269,13 @@ def slot(limit: SlotLimit, name: str, *, key: str, max_wait: float | None) -> It
                 retry_at = None if attempt.wait is None else attempt.now + attempt.wait
             raise RateLimited(key, SLOTS_RESOURCE, retry_at, reason=_why_busy(limit, name, attempt))
         time.sleep(wait)
+        waited = True
+    held = Held(waited, (limit, name, token), bucket=attempt.bucket)
     try:
-        yield
+        yield held
     finally:
-        release(limit, name, token)
+        if not held.queued:
+            release(limit, name, token)
 
 
 def _why_busy(limit: SlotLimit, name: str, attempt: Attempt) -> str:

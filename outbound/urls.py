@@ -3,6 +3,7 @@ and one origin (scheme, host, port) per server, for everything keyed by who is c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -54,8 +55,13 @@ def origin_of(url: str) -> Origin:
     return Origin(scheme, host, port or DEFAULT_PORTS[scheme])
 
 
+@functools.lru_cache(maxsize=4096)
 def origin_key(url: str) -> str:
-    """`str(origin_of(url))`: the one spelling every per-origin key is made of."""
+    """`str(origin_of(url))`: the one spelling every per-origin key is made of.
+
+    Remembered per process for the last few thousand URLs: an outbound call asks it for
+    its bucket and its slot, a task for its breaker, each parsing the URL through ada
+    otherwise (a pure function of the string; an InvalidURL is raised again each time)."""
     return str(origin_of(url))
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from jobs.policy import RetryPolicy
-from ratelimit.observations import SECONDARY_RESOURCE, latest
+from ratelimit.observations import SECONDARY_RESOURCE, from_hot, latest
 
 # Inline retries of one call before it is handed to the queue instead.
 MAX_INLINE_RETRIES = 3
@@ -64,3 +64,20 @@ def admit(key: str, resource: str, *, now: float | None = None) -> Admission:
         if observation is not None and (until := observation.wait_until(now)) is not None:
             waits.append(until)
     return Admission(key=key, resource=resource, until=max(waits) if waits else None)
+
+
+def reads_one_bucket(key: str, resource: str) -> bool:
+    """Admission of (key, resource) reads that bucket alone: a plain host's, or the
+    secondary bucket itself (GitHub's credentials also read their `secondary`)."""
+    return key.startswith("host:") or resource == SECONDARY_RESOURCE
+
+
+def admit_read(key: str, resource: str, raw: list | None, *, now: float) -> Admission:
+    """`admit` for a bucket read alone (`reads_one_bucket`), from its hot hash as read
+    together with the call's slot (outbound.hostslots.try_acquire); a hash Redis does not
+    hold (raw None, or its first field None) is asked of `admit`, which reads the database."""
+    if raw is None or raw[0] is None:
+        return admit(key, resource, now=now)
+    observation = from_hot(key, resource, raw)
+    until = None if observation is None else observation.wait_until(now)
+    return Admission(key=key, resource=resource, until=until)

@@ -284,26 +284,32 @@ def _number(raw: bytes | None, cast=float):
     return cast(float(raw))
 
 
+def from_hot(key: str, resource: str, raw: list) -> Observation | None:
+    """The bucket's word from its hot hash's FIELDS, as HMGET returns them (raw[0] is not
+    None: the hash exists); None when it is remembered as "nothing known"."""
+    observed_at = float(raw[0])
+    if observed_at == 0:
+        return None  # remembered as "nothing known"
+    return Observation(
+        key=key,
+        resource=resource,
+        observed_at=observed_at,
+        kind=raw[1].decode() if raw[1] else Kind.OK,
+        status_code=_number(raw[2], int),
+        limit=_number(raw[3], int),
+        remaining=_number(raw[4], int),
+        used=_number(raw[5], int),
+        reset_at=_number(raw[6]),
+        blocked_until=_number(raw[7]),
+    )
+
+
 def latest(key: str, resource: str) -> Observation | None:
     """The newest word on exactly this bucket: Redis, else the database."""
     client = redis_client()
     raw = client.hmget(hot_key(key, resource), FIELDS)
     if raw[0] is not None:
-        observed_at = float(raw[0])
-        if observed_at == 0:
-            return None  # remembered as "nothing known"
-        return Observation(
-            key=key,
-            resource=resource,
-            observed_at=observed_at,
-            kind=raw[1].decode() if raw[1] else Kind.OK,
-            status_code=_number(raw[2], int),
-            limit=_number(raw[3], int),
-            remaining=_number(raw[4], int),
-            used=_number(raw[5], int),
-            reset_at=_number(raw[6]),
-            blocked_until=_number(raw[7]),
-        )
+        return from_hot(key, resource, raw)
     observation = latest_from_database(key, resource)
     if observation is None:
         client.hset(hot_key(key, resource), "observed_at", "0")

@@ -11,6 +11,7 @@ import pytest
 from jobs.errors import RateLimited
 from outbound import hostslots
 from outbound.hostslots import SLOTS_RESOURCE, SlotLimit
+from ratelimit.observations import Kind, Observation, hot_key, remember
 
 TWO_AT_ONCE = SlotLimit("webhooks", concurrency=2, lease=1.0)
 
@@ -151,3 +152,33 @@ def test_a_host_that_has_not_answered_lately_starts_slowly_until_it_answers(redi
     # Answered: full speed, up to the concurrency.
     assert all(take(pages, host) for _ in range(6))
     assert not take(pages, host)
+
+
+# --- A host's rate-limit bucket, read in the slot's own step ------------------------
+
+
+def test_a_closed_bucket_read_with_the_slot_takes_no_slot(redis_client):
+    pages = SlotLimit("pages", concurrency=8, lease=30, wait_inline=False)
+    key = "host:http://blocked.example"
+    now = time.time()
+    remember(Observation(key, "default", observed_at=now, kind=Kind.RATE_LIMITED,
+                         status_code=429, blocked_until=now + 600))  # fmt: skip
+    attempt = hostslots.try_acquire(
+        pages, "http://blocked.example", "a", bucket=(hot_key(key, "default"), now)
+    )
+    assert not attempt.taken and attempt.bucket_closed
+    assert float(attempt.bucket[7]) == pytest.approx(now + 600)
+    assert redis_client.zcard("hostslots:pages:http://blocked.example:inflight") == 0
+    # Its block over (read on the caller's clock, the observations'), the slot is taken.
+    attempt = hostslots.try_acquire(
+        pages, "http://blocked.example", "b", bucket=(hot_key(key, "default"), now + 601)
+    )
+    assert attempt.taken and not attempt.bucket_closed
+
+
+def test_a_bucket_redis_does_not_hold_takes_the_slot_and_says_so(redis_client):
+    pages = SlotLimit("pages", concurrency=8, lease=30, wait_inline=False)
+    attempt = hostslots.try_acquire(
+        pages, "http://new.example", "a", bucket=("ratelimit:nothing-here", time.time())
+    )
+    assert attempt.taken and attempt.bucket[0] is None  # the caller reads the database

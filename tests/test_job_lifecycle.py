@@ -66,6 +66,47 @@ def test_a_claim_counts_one_attempt_and_a_finished_job_claims_nothing():
 
 
 @pytest.mark.django_db
+def test_a_claim_returns_what_its_attempt_needs_from_its_own_statement(
+    django_assert_max_num_queries,
+):
+    audit = queued_audit("https://example.org/claimed")
+    with django_assert_max_num_queries(1) as queries:
+        claimed = AUDIT_JOB.claim(
+            audit.id, attempt=3, error="", returning=("page__url", "page_id", "trigger")
+        )
+    assert claimed == ("https://example.org/claimed", audit.page_id, "submitted")
+    assert len(queries.captured_queries) == 1
+    audit.refresh_from_db()
+    assert (audit.status, audit.attempts) == ("running", 3)  # at least the attempt given
+    assert AUDIT_JOB.finish(audit.id, Audit.Status.FAILED, returning=("callback_url",)) == ("",)
+    assert AUDIT_JOB.claim(audit.id, returning=("page_id",)) is False
+
+
+@pytest.mark.django_db
+def test_a_success_finishes_in_three_statements_and_a_failure_in_one(
+    django_assert_max_num_queries,
+):
+    audit = queued_audit("https://example.org/finished")
+    AUDIT_JOB.claim(audit.id)
+    with django_assert_max_num_queries(10) as queries:
+        assert Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result={"a": 1})
+    # Its row with its page locked, the previous success, the update (its page's failing
+    # checks written too: a first success), and the transaction's own.
+    statements = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))
+    ]
+    assert len(statements) == 4, statements
+    failed = queued_audit("https://example.org/failed")
+    AUDIT_JOB.claim(failed.id)
+    with django_assert_max_num_queries(10) as queries:
+        assert Audit.objects.finish(failed.id, status=Audit.Status.FAILED, error="gone")
+    statements = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))
+    ]
+    assert len(statements) == 1, statements
+
+
+@pytest.mark.django_db
 def test_an_audit_checking_its_links_rests_and_is_never_claimed_or_owed():
     audit = queued_audit()
     Audit.objects.filter(id=audit.id).update(

@@ -87,7 +87,7 @@ def schedule_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
 def schedule_change_delivery(sender=None, audit_id=None, **kwargs) -> Delivery | None:
     """The same for `audit.changed` to the page callback, when the audit found changes,
     whatever started it (a submission or the nightly re-audit)."""
-    if not kwargs.get("changed", True):
+    if not kwargs.get("changed", True) or not kwargs.get("page_callback", True):
         return None
     return _schedule(deliver.create_change_delivery, audit_id)
 
