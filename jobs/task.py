@@ -40,7 +40,7 @@ import typing
 import uuid
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, WorkerLostError
 from celery.worker.request import Request
 from django.conf import settings
 from django.db import transaction
@@ -141,14 +141,35 @@ class HoldInPlace(Exception):  # noqa: N818 (a signal inside the runtime, not an
         self.seconds = seconds
 
 
+def _leave_dead_flight(task, task_id: str) -> None:
+    """Free the in-flight key of a run whose process died (in the worker's main process)."""
+    if getattr(task, "job", None) is None:
+        return
+    try:
+        redis_client().delete(in_flight_key(task_id))
+    except RedisError as exc:
+        # It lapses with its lease: the copy waits that long instead of running at once.
+        log.warning("task.flight_not_left", extra={"task": task.name, "error": repr(exc)})
+
+
 class PlumbRequest(Request):
-    """A request whose hard time limit ends in the task's own failure hooks, with its context.
+    """A request whose hard time limit ends in the task's own failure hooks, with its context,
+    and whose lost pool process leaves its job's in-flight key free for the requeued copy.
 
     Celery runs `on_failure` for a hard time limit in the worker's main process, where
     the task's request stack is empty: the attempt count and headers read there would
     be a blank request's. The task is dead-lettered (and its audit finished as failed)
     at once, not left `running` for the reconciler to run again and again.
     """
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        # A pool process that died (SIGKILL, OOM) held its job's in-flight key, and Celery
+        # is about to requeue the message (task_reject_on_worker_lost): the key names a run
+        # that is gone, so the copy must find it free and run at once, not wait it out.
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc, (WorkerLostError, SystemExit, KeyboardInterrupt)):
+            _leave_dead_flight(self.task, self.id)
+        return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def on_timeout(self, soft, timeout):
         if soft:
