@@ -197,17 +197,9 @@ class Job:
                 timezone.now(), connection
             )
         )
-        params += [
-            self.model._meta.get_field(name).get_db_prep_save(value, connection)
-            for name, value in fields.items()
-        ]
-        params += [self._pk_param(pk, connection), *map(str, self.owed_statuses)]
-        if self.claim_by_task:
-            params.append(task_id)
-        row = statement.run(connection, params)
-        if row is None:
-            return False
-        return row if returning else True
+        return self._run(
+            statement, connection, params, fields, pk, self.owed_statuses, task_id, returning
+        )
 
     def _claim_by_orm(self, pk, *, task_id, attempt, **fields) -> bool:
         """The claim for fields given as expressions (none of Plumb's callers today)."""
@@ -266,18 +258,9 @@ class Job:
             return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
         connection = connections[router.db_for_write(self.model)]
         statement = self._statement(connection, "finish", tuple(fields), False, tuple(returning))
-        params = [str(final)]
-        params += [
-            self.model._meta.get_field(name).get_db_prep_save(value, connection)
-            for name, value in fields.items()
-        ]
-        params += [self._pk_param(pk, connection), *map(str, self.done)]
-        if self.claim_by_task:
-            params.append(task_id)
-        row = statement.run(connection, params)
-        if row is None:
-            return False
-        return row if returning else True
+        return self._run(
+            statement, connection, [str(final)], fields, pk, self.done, task_id, returning
+        )
 
     # --- the claim's and the finish's statements --------------------------------------------
     # Both run on every attempt of every job: written once per shape (the fields set, what
@@ -286,6 +269,27 @@ class Job:
     # "The audit's own plumbing").
     def _pk_param(self, pk, connection):
         return self.model._meta.pk.get_db_prep_value(pk, connection)
+
+    def _run(self, statement, connection, params, fields, pk, statuses, task_id, returning):
+        """Run a claim's or a finish's statement: `params` (what it sets first), then the
+        fields', the row's key, the statuses it may change from and, for a kind whose claim
+        names its task, the task id. False if no row changed, else the returned values (a
+        tuple) or True."""
+        params = [
+            *params,
+            *(
+                self.model._meta.get_field(name).get_db_prep_save(value, connection)
+                for name, value in fields.items()
+            ),
+            self._pk_param(pk, connection),
+            *map(str, statuses),
+        ]
+        if self.claim_by_task:
+            params.append(task_id)
+        row = statement.run(connection, params)
+        if row is None:
+            return False
+        return row if returning else True
 
     def _statement(
         self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple

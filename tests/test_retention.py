@@ -187,7 +187,7 @@ def test_robots_txt_files_go_six_freshness_windows_after_they_went_stale(setting
         "https://being-read.test", stale_days=30, claim_token="t",
         claimed_until=timezone.now() + timedelta(seconds=30),
     )  # fmt: skip
-    never_read = RobotsTxt.objects.create(origin="https://never-read.test")  # no time yet
+    never_read = RobotsTxt.objects.create(origin="https://never-read.test")  # fetched_at empty
 
     assert prune("robots_txt").deleted == 1
 
