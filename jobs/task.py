@@ -127,6 +127,16 @@ return 0
 """
 )
 
+# Kept longer only by the run that holds it (PlumbTask.hold_flight).
+_HOLD_FLIGHT = lua(
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+)
+
 
 class Waiting(Ignore):
     """The job was sent back to wait (deferred or parked): this run ends with no verdict."""
@@ -247,7 +257,9 @@ class PlumbTask(Task):
         return settings.QUEUE_VISIBILITY_TIMEOUTS[self._queue()]
 
     def _run(self, args, kwargs):
-        """One run; a failure for good is recorded here, inside the task's body."""
+        """One run; a failure for good is recorded here, inside the task's body, and on the
+        row before the run's in-flight key is left: a copy waiting for the key never finds
+        the row still in an attempt that is over."""
         try:
             return self._run_once(args, kwargs)
         except (Retry, Ignore, Reject, HoldInPlace):
@@ -255,6 +267,8 @@ class PlumbTask(Task):
         except Exception as exc:
             self._give_up(exc)
             raise
+        finally:
+            self._leave_flight()
 
     def _run_once(self, args, kwargs):
         request = self.request
@@ -276,17 +290,14 @@ class PlumbTask(Task):
             self._wait(DEFERRAL, step=deferrals + 1, after=None, deferrals=deferrals + 1,
                        why="another copy of this job is in flight", on_row=False)  # fmt: skip
         try:
-            try:
-                host = self.downstream_host(args, kwargs)
-            except INFRASTRUCTURE_UNAVAILABLE as exc:
-                return self._after_error(exc)
-            permit = self._permit(host)
-            if permit is not None and not permit.allowed:
-                reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
-                self._wait(PARK, after=permit.release_in, why=reason)
-            return self._attempt(host, permit, args, kwargs)
-        finally:
-            self._leave_flight()
+            host = self.downstream_host(args, kwargs)
+        except INFRASTRUCTURE_UNAVAILABLE as exc:
+            return self._after_error(exc)
+        permit = self._permit(host)
+        if permit is not None and not permit.allowed:
+            reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
+            self._wait(PARK, after=permit.release_in, why=reason)
+        return self._attempt(host, permit, args, kwargs)
 
     # --- one copy of a job in flight -----------------------------------------------
     def _take_flight(self) -> bool:
@@ -338,13 +349,31 @@ class PlumbTask(Task):
             return False
         return job.model.objects.filter(pk=args[0], **{job.status_field: job.running}).exists()
 
-    def _leave_flight(self) -> None:
+    def hold_flight(self, seconds: float) -> bool:
+        """Keep this run's in-flight key `seconds` from now, past its queue's visibility
+        timeout if need be: a job calls it just before an exchange whose repetition the
+        downstream would notice (a webhook's POST), so a copy the broker hands on while
+        the exchange is still waiting (its message outlived the visibility timeout) waits
+        for it instead of making it a second time. False if the key is no longer this
+        run's: it lapsed, and a copy may be running the job."""
         if self.job is None:
-            return
+            return True
+        return bool(
+            _HOLD_FLIGHT(
+                keys=[in_flight_key(self.request.id)],
+                args=[getattr(self.request, "plumb_flight_token", ""), int(seconds * 1000)],
+                client=redis_client(),
+            )
+        )
+
+    def _leave_flight(self) -> None:
+        token = getattr(self.request, "plumb_flight_token", None)
+        if self.job is None or token is None:
+            return  # never taken: the run ended before it
         try:
             _LEAVE_FLIGHT(
                 keys=[in_flight_key(self.request.id)],
-                args=[getattr(self.request, "plumb_flight_token", "")],
+                args=[token],
                 client=redis_client(),
             )
         except RedisError as exc:

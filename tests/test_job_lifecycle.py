@@ -7,14 +7,12 @@ import uuid
 from datetime import timedelta
 
 import pytest
-import redis
 from django.utils import timezone
 
 from audits import linkcheck, submission
 from audits.models import AUDIT_JOB, LINK_CHECK_JOB, Audit, LinkCheck, SharedLink
 from audits.tasks import check_shared_link, run_audit
 from jobs.deadlines import Deadline, deadline_problems
-from jobs.errors import Transient
 from outbound.urls import normalize_url
 from tests.broker import queued
 from tests.reconciling import reconciled_now
@@ -152,26 +150,6 @@ def test_a_replay_requeues_under_a_new_task_id_keeping_the_attempts_it_had(redis
     delivery.refresh_from_db()
     assert (delivery.status, delivery.task_id, delivery.attempts) == ("pending", "replayed", 1)
     assert not deliver.reset_failed(delivery, task_id="again")  # not failed any more
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize(
-    ("error", "attempts"),
-    [(redis.exceptions.ConnectionError("Redis went away"), 0), (Transient("HTTP 502"), 1)],
-    ids=["outage", "receiver-failed"],
-)
-def test_a_delivery_attempt_ended_by_an_error_waits_owed_and_only_the_receiver_spends_it(
-    redis_client, error, attempts
-):
-    delivery, _ = deliver.create_delivery(finished_audit_with_callback("https://r.test/").id)
-    with pytest.raises(type(error)), deliver.attempt_lease(str(delivery.id)) as lease:
-        assert lease is not None and deliver.claim_delivery(str(delivery.id))
-        raise error
-    delivery.refresh_from_db()
-    # Not `delivering` with its lease free (a redelivered copy would post again), due at
-    # once until the task writes its wait: the reconciler owes it if that write never comes.
-    assert (delivery.status, delivery.attempts) == ("retrying", attempts)
-    assert delivery.next_attempt_at is not None
 
 
 @pytest.mark.django_db

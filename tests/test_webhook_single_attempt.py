@@ -32,10 +32,10 @@ def test_a_redelivered_message_waits_for_the_attempt_in_flight_instead_of_postin
     )
     row = schedule(slow_receiver.url)
     # The second thread gets the same delivery while the first is in flight: it either
-    # stands down or posts it a second time.
+    # waits for the run in flight (its in-flight key, held for the POST) or posts it again.
     wait_for(
         lambda: slow_receiver.count() > 1
-        or any("attempted meanwhile by another" in line for line in worker.lines),
+        or any("task.duplicate_in_flight" in line for line in worker.lines),
         timeout=HOLD_SECONDS + 20, message="the redelivered copy to run", show=[worker],
     )  # fmt: skip
     wait_for(lambda: delivery(row).status == Delivery.Status.DELIVERED, timeout=10)

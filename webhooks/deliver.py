@@ -10,32 +10,25 @@ claiming and recording each attempt.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
-from redis.exceptions import LockError
-from redis.lock import Lock
 
 from audits.api.serializers import AuditSerializer
 from audits.models import Audit
 from audits.summary import abridged_changes, abridged_result
-from config.redis import redis_client
 from jobs.errors import MalformedTaskMessage, Permanent, RateLimited, Transient
-from jobs.policy import infrastructure_away
 from outbound.hostslots import call_lease
 from outbound.integrations import webhook
 from webhooks.models import DELIVERY_JOB, Delivery
 
 log = logging.getLogger(__name__)
-
-ATTEMPT_LEASE_POLL_SECONDS = 0.1
 
 
 class Outcome(enum.Enum):
@@ -135,8 +128,12 @@ def pending_url(delivery_id: str) -> str | None:
     return DELIVERY_JOB.unfinished(delivery_id).values_list("url", flat=True).first()
 
 
-def run_delivery(delivery_id: str) -> Outcome:
-    """One attempt, if no other is in flight.
+def run_delivery(
+    delivery_id: str, *, hold_flight: Callable[[float], bool] | None = None
+) -> Outcome:
+    """One attempt. The runtime runs one copy of a delivery at a time (its in-flight key,
+    jobs.task); `hold_flight` keeps that key for the POST's whole exchange (the task's
+    `hold_flight`), so a copy the broker hands on mid-request waits for it.
 
     A receiver whose slots are all busy raises RateLimited, and the attempt it had
     claimed is given back (`attempt_delivery`); a failed attempt raises Transient or
@@ -147,67 +144,7 @@ def run_delivery(delivery_id: str) -> Outcome:
             "webhook.skipped", extra={"delivery_id": delivery_id, "reason": "finished or gone"}
         )
         return Outcome.GONE
-    with attempt_lease(delivery_id) as lease:
-        if lease is None:
-            log.info(
-                "webhook.skipped",
-                extra={"delivery_id": delivery_id, "reason": "attempted meanwhile by another"},
-            )
-            return Outcome.GONE
-        return attempt_delivery(delivery_id, lease=lease)
-
-
-@contextlib.contextmanager
-def attempt_lease(delivery_id: str) -> Iterator[Lock | None]:
-    """Hold the delivery's attempt lease for the block: one attempt of a delivery at a time.
-
-    The broker hands a message to another thread once it has been unacked for the
-    visibility timeout, and the claim alone lets `delivering` be claimed again (a
-    worker may have died mid-attempt). So the second thread waits while the first
-    holds the lease, then yields None if the first recorded its outcome (the first
-    owns what comes next: this copy is dropped), or the lease if the first died
-    mid-attempt (the row still says `delivering`). The lease lapses on its own, so a
-    SIGKILLed holder frees it: it lasts one exchange's lease (the deadline's work, the
-    POST's whole deadline, plus the slack of every call's slot: hostslots.call_lease),
-    renewed just before the POST (`attempt_delivery`), so a redelivered copy waits
-    seconds for a dead holder, not the attempt's whole budget.
-    """
-    ttl = call_lease(DELIVERY_JOB.deadline.work)
-    lease = redis_client().lock(f"webhooks:attempt:{delivery_id}", timeout=ttl)
-    waited = not lease.acquire(blocking=False)
-    if waited and not lease.acquire(blocking_timeout=ttl, sleep=ATTEMPT_LEASE_POLL_SECONDS):
-        yield None  # still held (renewed for its request): its holder is alive
-        return
-    try:
-        if waited and not _still_delivering(delivery_id):
-            yield None
-            return
-        try:
-            yield lease
-        except BaseException as error:
-            # Whatever ended the attempt, the row must not say `delivering` once the lease
-            # is free: a waiting copy would take that for a dead holder and try again. It
-            # waits, due now until the task writes its wait (the reconciler owes it if that
-            # write never comes); an outage gives the attempt back, as the task's rule does.
-            DELIVERY_JOB.wait(
-                delivery_id, seconds=0, attempt_spent=not infrastructure_away(error)
-            )
-            raise
-    finally:
-        with contextlib.suppress(LockError):
-            lease.release()  # lapsed already: nothing to give back
-
-
-def _renewed(lease: Lock) -> bool:
-    """The lease runs its whole length again from now, still ours."""
-    try:
-        return lease.reacquire()
-    except LockError:
-        return False
-
-
-def _still_delivering(delivery_id: str) -> bool:
-    return Delivery.objects.filter(id=delivery_id, status=Delivery.Status.DELIVERING).exists()
+    return attempt_delivery(delivery_id, hold_flight=hold_flight)
 
 
 def claim_delivery(delivery_id: str) -> Delivery | None:
@@ -222,7 +159,9 @@ def claim_delivery(delivery_id: str) -> Delivery | None:
     return Delivery.objects.select_related("audit__page").get(id=delivery_id)
 
 
-def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
+def attempt_delivery(
+    delivery_id: str, *, hold_flight: Callable[[float], bool] | None = None
+) -> Outcome:
     delivery = claim_delivery(delivery_id)
     if delivery is None:
         return Outcome.GONE
@@ -241,8 +180,11 @@ def attempt_delivery(delivery_id: str, *, lease: Lock | None = None) -> Outcome:
     # Give a pooled database connection back for the request: a slow receiver
     # must not hold one of the few connections every other thread needs.
     close_old_connections()
-    if lease is not None and not _renewed(lease):
-        raise Transient("the attempt's lease lapsed before its request (the database was slow)")
+    # The whole exchange, slot slack included, from now: the claim and payload came first.
+    if hold_flight is not None and not hold_flight(call_lease(DELIVERY_JOB.deadline.work)):
+        raise Transient(
+            "the attempt's in-flight key lapsed before its request (the database was slow)"
+        )
     try:
         status_code = webhook.post(delivery.url, body=body, headers=headers)
     except RateLimited:

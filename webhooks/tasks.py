@@ -67,7 +67,7 @@ class WebhookTask(PlumbTask):
 )
 def deliver_webhook(self, delivery_id: str) -> None:
     # A destination whose slots are all busy raises RateLimited: the runtime defers it.
-    deliver.run_delivery(deliver.parse_delivery_id(delivery_id))
+    deliver.run_delivery(deliver.parse_delivery_id(delivery_id), hold_flight=self.hold_flight)
 
 
 # --- Publishing --------------------------------------------------------------------
