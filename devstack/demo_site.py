@@ -226,6 +226,9 @@ ROUTES = {
 
 class DemoSite(ThreadingHTTPServer):
     daemon_threads = True
+    # Stopping does not wait for requests still being answered (a receiver holding one
+    # for seconds, a slow page): socketserver joins every handler thread on close otherwise.
+    block_on_close = False
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         super().__init__((host, port), DemoSiteHandler)
@@ -244,7 +247,10 @@ class DemoSite(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def start(self) -> DemoSite:
-        threading.Thread(target=self.serve_forever, name="demo-site", daemon=True).start()
+        # Polled often: stop() (shutdown) waits up to one poll interval, 0.5 s by default.
+        threading.Thread(
+            target=self.serve_forever, args=(0.05,), name="demo-site", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

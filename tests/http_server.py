@@ -55,6 +55,9 @@ class RespondingHandler(QuietHandler):
 
 class LocalServer(ThreadingHTTPServer):
     daemon_threads = True
+    # Stopping does not wait for requests still being answered (a receiver holding one
+    # for seconds, a slow page): socketserver joins every handler thread on close otherwise.
+    block_on_close = False
     # A client that hung up mid-answer is not the server's problem (bombs, byte caps,
     # timeouts): no traceback on stderr. Servers whose errors a test wants say False.
     quiet_errors = True
@@ -86,7 +89,10 @@ class LocalServer(ThreadingHTTPServer):
         return self.base_url
 
     def start(self):
-        threading.Thread(target=self.serve_forever, name=type(self).__name__, daemon=True).start()
+        # Polled often: stop() (shutdown) waits up to one poll interval, 0.5 s by default.
+        threading.Thread(
+            target=self.serve_forever, args=(0.05,), name=type(self).__name__, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

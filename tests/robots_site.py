@@ -66,6 +66,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class RobotsSite(ThreadingHTTPServer):
     daemon_threads = True
+    # Stopping does not wait for requests still being answered (a receiver holding one
+    # for seconds, a slow page): socketserver joins every handler thread on close otherwise.
+    block_on_close = False
 
     def __init__(self, robots: RobotsAnswer | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -82,7 +85,10 @@ class RobotsSite(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def start(self) -> RobotsSite:
-        threading.Thread(target=self.serve_forever, name="robots-site", daemon=True).start()
+        # Polled often: stop() (shutdown) waits up to one poll interval, 0.5 s by default.
+        threading.Thread(
+            target=self.serve_forever, args=(0.05,), name="robots-site", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
