@@ -7,9 +7,13 @@ import redis
 from django.conf import settings
 
 from devstack.demo_site import DemoSite
+from tests import database
 from tests.http_server import Answer, LocalServer, QuietHandler, Scripted
 from tests.private_redis import PrivateRedis
 from tests.workers import WorkerProcess
+
+# A committing test empties the tables with DELETEs instead of Django's flush (tests/database.py).
+database.install()
 
 
 @pytest.fixture(autouse=True)
