@@ -100,6 +100,15 @@ class Returned:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """An SQL condition over the job's row (its table by name) that a finish also requires,
+    with its parameters: the finish changes nothing when it does not hold."""
+
+    sql: str
+    params: tuple = ()
+
+
+@dataclass(frozen=True)
 class _Statement:
     sql: str
     converters: tuple  # (column, its converters) for each returned value
@@ -246,21 +255,28 @@ class Job:
         *,
         task_id: str | None = None,
         returning: Sequence[str | Returned] = (),
+        condition: Condition | None = None,
         **fields,
     ):
         """Record the outcome once; False if it was finished already (or is gone, or, for a
-        kind whose claim names its task, claimed under another task). `returning`, as for
-        `claim`: the finished row's values (a tuple) instead of True."""
+        kind whose claim names its task, claimed under another task, or `condition` does
+        not hold). `returning`, as for `claim`: the finished row's values (a tuple) instead
+        of True."""
         if not _plain(fields):
+            if condition is not None:
+                raise ValueError("a finish with a condition sets values, not expressions")
             rows = self.unfinished(pk)
             if self.claim_by_task:
                 rows = rows.filter(task_id=task_id)
             return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
         connection = connections[router.db_for_write(self.model)]
-        statement = self._statement(connection, "finish", tuple(fields), False, tuple(returning))
-        return self._run(
-            statement, connection, [str(final)], fields, pk, self.done, task_id, returning
+        statement = self._statement(
+            connection, "finish", tuple(fields), False, tuple(returning), condition
         )
+        return self._run(
+            statement, connection, [str(final)], fields, pk, self.done, task_id, returning,
+            condition,
+        )  # fmt: skip
 
     # --- the claim's and the finish's statements --------------------------------------------
     # Both run on every attempt of every job: written once per shape (the fields set, what
@@ -270,11 +286,14 @@ class Job:
     def _pk_param(self, pk, connection):
         return self.model._meta.pk.get_db_prep_value(pk, connection)
 
-    def _run(self, statement, connection, params, fields, pk, statuses, task_id, returning):
+    def _run(
+        self, statement, connection, params, fields, pk, statuses, task_id, returning,
+        condition=None,
+    ):  # fmt: skip
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
-        fields', the row's key, the statuses it may change from and, for a kind whose claim
-        names its task, the task id. False if no row changed, else the returned values (a
-        tuple) or True."""
+        fields', the row's key, the statuses it may change from, for a kind whose claim
+        names its task the task id, and the condition's. False if no row changed, else the
+        returned values (a tuple) or True."""
         params = [
             *params,
             *(
@@ -286,24 +305,39 @@ class Job:
         ]
         if self.claim_by_task:
             params.append(task_id)
+        if condition is not None:
+            params += condition.params
         row = statement.run(connection, params)
         if row is None:
             return False
         return row if returning else True
 
     def _statement(
-        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+        self,
+        connection,
+        kind: str,
+        names: tuple,
+        given_attempt: bool,
+        returning: tuple,
+        condition: Condition | None = None,
     ) -> _Statement:
-        key = (connection.alias, kind, names, given_attempt, returning)
+        condition_sql = condition.sql if condition is not None else ""
+        key = (connection.alias, kind, names, given_attempt, returning, condition_sql)
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = self._write(
-                connection, kind, names, given_attempt, returning
+                connection, kind, names, given_attempt, returning, condition_sql
             )
         return statement
 
     def _write(
-        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+        self,
+        connection,
+        kind: str,
+        names: tuple,
+        given_attempt: bool,
+        returning: tuple,
+        condition_sql: str = "",
     ) -> _Statement:
         meta = self.model._meta
         qn = connection.ops.quote_name
@@ -333,6 +367,8 @@ class Job:
         where = f"{qn(meta.pk.column)} = %s AND {condition}"
         if self.claim_by_task:
             where += f" AND {column('task_id')} = %s"
+        if condition_sql:
+            where += f" AND ({condition_sql})"
         sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {where}"
         outputs, returning_params = [], []
         for item in returning or (meta.pk.name,):

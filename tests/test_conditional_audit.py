@@ -4,9 +4,11 @@ previous result forward instead of downloading and parsing the page again."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from audits import services
-from audits.models import Audit
+from audits.models import Audit, Page
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
 from tests.test_audit_changes import audit_now
 
@@ -197,3 +199,44 @@ def test_an_unchanged_page_still_has_its_links_checked(page, site, redis_client)
     statuses = {link["url"]: link["status"] for link in again.result["links"]}
     assert statuses == {f"{site.base_url}/": "ok", f"{site.base_url}/missing": "broken"}
     assert again.result["link_check"]["total"] == 2
+
+
+def test_a_reaudit_compares_with_the_previous_success_its_claim_read_without_reading_it_again(
+    page, redis_client
+):
+    first = audit_now(page.url)
+    with CaptureQueriesContext(connection) as queries:
+        again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    assert again.changes == [] and again.got_worse is False
+    # The claim read the previous success; the finish's UPDATE holds only while it is
+    # still the page's latest, and nothing reads it a second time.
+    previous_reads = [
+        q["sql"] for q in queries if q["sql"].startswith('SELECT "audits_audit"."result"')
+    ]
+    assert previous_reads == []
+    assert again.result["title"] == first.result["title"]
+
+
+def test_a_success_finished_since_the_claim_is_the_one_a_reaudit_compares_with(page, redis_client):
+    page.state.title = "One"
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
+    claimed = services.claim_audit(str(reaudit.id))
+    assert claimed.previous.id == first.id and claimed.previous.result["title"] == "One"
+
+    # While the re-audit runs, a client's audit of the changed page succeeds.
+    page.state.title = "Two"
+    between = audit_now(page.url)
+    assert [change["field"] for change in between.changes] == ["title"]
+
+    assert Audit.objects.finish(
+        str(reaudit.id),
+        status=Audit.Status.SUCCEEDED,
+        result=claimed.previous.result,
+        previous=claimed.previous,
+    )
+    reaudit.refresh_from_db()
+    # Compared with the success that finished since its claim, not the one it read.
+    assert reaudit.changes == [{"field": "title", "before": "Two", "after": "One"}]
+    assert Page.objects.get().last_changed_at == reaudit.finished_at
