@@ -12,7 +12,7 @@ from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
-from jobs.lifecycle import Condition, Job, Returned
+from jobs.lifecycle import SQL, Job, Returned, several_statements_in_one_query
 from jobs.models import JobRow
 
 log = logging.getLogger(__name__)
@@ -137,10 +137,19 @@ class AuditQuerySet(models.QuerySet):
         compared with it and written on the condition that it is still the page's latest
         success once the page is locked, which saves the read; when another success
         finished since the claim, the finish reads that one and compares with it instead.
+        An audit that changed nothing since it, owes no callback, and so has nothing
+        for the listeners to write, is finished by one query (`_finish_unchanged`).
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
         connection = connections[self.db]
+        if (
+            previous is not None
+            and status == Audit.Status.SUCCEEDED
+            and several_statements_in_one_query(connection)
+            and self._finish_unchanged(audit_id, fields, previous, connection)
+        ):
+            return True
         with transaction.atomic(using=self.db):
             page_callback_url = ""  # a failure owes the page's callback nothing
             if status != Audit.Status.SUCCEEDED:
@@ -155,7 +164,7 @@ class AuditQuerySet(models.QuerySet):
                 updated = False
                 if previous is not None:
                     # Read after the lock is granted, as the previous success would be.
-                    still_previous = Condition(
+                    still_previous = SQL(
                         STILL_PREVIOUS_SUCCESS_SQL,
                         (Audit._meta.pk.get_db_prep_value(previous.id, connection),),
                     )
@@ -185,16 +194,44 @@ class AuditQuerySet(models.QuerySet):
                     page_callback=bool(page_callback_url),
                 )
         if updated:
-            log.info(
-                "audit.finished",
-                extra={
-                    "audit_id": str(audit_id),
-                    "status": status,
-                    "error": error,
-                    "changes": None if fields.get("changes") is None else len(fields["changes"]),
-                },
-            )
+            _log_finished(audit_id, status, fields)
         return bool(updated)
+
+    def _finish_unchanged(
+        self, audit_id, fields: dict, previous: PreviousSuccess, connection
+    ) -> bool:
+        """Finish a success that changed nothing since `previous` in one query: the page's
+        lock, then the UPDATE, on the condition that `previous` is still the page's latest
+        success (read after the lock, by the UPDATE's own snapshot) and the audit owes no
+        callback. Nothing to write to the page, and nothing for the listeners to write: the
+        transaction is the query's own. False, having changed nothing, when any of that
+        does not hold (the caller then finishes it as any other)."""
+        unchanged = dict(fields)
+        if self._compared(unchanged, previous.result, fields["result"]) or unchanged["changes"]:
+            return False
+        audit_pk = Audit._meta.pk.get_db_prep_value(audit_id, connection)
+        row = AUDIT_JOB.finish(
+            audit_id,
+            Audit.Status.SUCCEEDED,
+            before=SQL(LOCK_PAGE_OF_AUDIT_SQL, (audit_pk,)),
+            condition=SQL(
+                UNCHANGED_SINCE_SQL, (Audit._meta.pk.get_db_prep_value(previous.id, connection),)
+            ),
+            returning=("page__callback_url",),
+            **unchanged,
+        )
+        if not row:
+            return False
+        # After the commit: with no change and no callback, no listener owes anything.
+        audit_finished.send(
+            sender=Audit,
+            audit_id=str(audit_id),
+            callback=False,
+            changed=False,
+            page_callback=bool(row[0]),
+        )
+        _log_finished(audit_id, Audit.Status.SUCCEEDED, unchanged)
+        return True
 
     @staticmethod
     def _compared(fields: dict, previous: dict | None, result: dict | None) -> dict:
@@ -254,6 +291,18 @@ class AuditQuerySet(models.QuerySet):
         if row is None:
             return None
         return Audit._meta.get_field("result").from_db_value(row[0], None, connection)
+
+
+def _log_finished(audit_id, status: str, fields: dict) -> None:
+    log.info(
+        "audit.finished",
+        extra={
+            "audit_id": str(audit_id),
+            "status": status,
+            "error": fields["error"],
+            "changes": None if fields.get("changes") is None else len(fields["changes"]),
+        },
+    )
 
 
 class Audit(JobRow):
@@ -430,6 +479,13 @@ PREVIOUS_ID_OF_REAUDIT = Returned(
 )
 # A finish's condition: the previous success is still the one its claim read.
 STILL_PREVIOUS_SUCCESS_SQL = f"{_previous_success_of_row('id')} = %s"
+# An unchanged success's one-query finish: its page locked first, then its UPDATE on the
+# condition that it owes no callback and the previous success is still the claim's.
+LOCK_PAGE_OF_AUDIT_SQL = (
+    f'SELECT 1 FROM {_P} WHERE {_P}."id" = (SELECT {_A}."page_id" FROM {_A} '
+    f'WHERE {_A}."id" = %s) FOR UPDATE'
+)
+UNCHANGED_SINCE_SQL = f"{_A}.\"callback_url\" = '' AND {STILL_PREVIOUS_SUCCESS_SQL}"
 
 
 class SharedLink(JobRow):

@@ -100,9 +100,9 @@ class Returned:
 
 
 @dataclass(frozen=True)
-class Condition:
-    """An SQL condition over the job's row (its table by name) that a finish also requires,
-    with its parameters: the finish changes nothing when it does not hold."""
+class SQL:
+    """A piece of SQL over the job's table (by name), with its parameters: a condition a
+    finish also requires, or a statement sent before it (`Job.finish`)."""
 
     sql: str
     params: tuple = ()
@@ -113,6 +113,7 @@ class _Statement:
     sql: str
     converters: tuple  # (column, its converters) for each returned value
     returning_params: tuple  # the RETURNING clause's, after the SET's and the WHERE's
+    results_before: int = 0  # result sets of statements sent before it in the same query
 
     def run(self, connection, params: list):
         """The row the statement changed, its returned values converted as the ORM
@@ -122,6 +123,8 @@ class _Statement:
             connection.cursor() as cursor,
         ):
             cursor.execute(self.sql, [*params, *self.returning_params])
+            for _ in range(self.results_before):
+                cursor.nextset()
             row = cursor.fetchone()
         if row is None:
             return None
@@ -131,6 +134,13 @@ class _Statement:
                 value = converter(value, col, connection)
             values.append(value)
         return tuple(values)
+
+
+def several_statements_in_one_query(connection) -> bool:
+    """PostgreSQL with client-side binding (psycopg's ClientCursor, Django's default) runs
+    a query of several statements, each with its own snapshot, all in one transaction
+    outside a transaction block; SQLite's cursors and server-side binding run one."""
+    return connection.vendor == "postgresql" and not connection.features.uses_server_side_binding
 
 
 def _plain(fields: dict) -> bool:
@@ -255,15 +265,21 @@ class Job:
         *,
         task_id: str | None = None,
         returning: Sequence[str | Returned] = (),
-        condition: Condition | None = None,
+        condition: SQL | None = None,
+        before: SQL | None = None,
         **fields,
     ):
         """Record the outcome once; False if it was finished already (or is gone, or, for a
         kind whose claim names its task, claimed under another task, or `condition` does
         not hold). `returning`, as for `claim`: the finished row's values (a tuple) instead
-        of True."""
+        of True.
+
+        `before`: a statement sent with the finish's in one query, and run first (a lock
+        whose wait must come before the finish's snapshot): one round trip, and outside a
+        transaction one transaction. Only where a query may hold several statements
+        (`several_statements_in_one_query`)."""
         if not _plain(fields):
-            if condition is not None:
+            if condition is not None or before is not None:
                 raise ValueError("a finish with a condition sets values, not expressions")
             rows = self.unfinished(pk)
             if self.claim_by_task:
@@ -271,12 +287,12 @@ class Job:
             return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
         connection = connections[router.db_for_write(self.model)]
         statement = self._statement(
-            connection, "finish", tuple(fields), False, tuple(returning), condition
+            connection, "finish", tuple(fields), False, tuple(returning), condition, before
         )
+        params = [*(before.params if before is not None else ()), str(final)]
         return self._run(
-            statement, connection, [str(final)], fields, pk, self.done, task_id, returning,
-            condition,
-        )  # fmt: skip
+            statement, connection, params, fields, pk, self.done, task_id, returning, condition
+        )
 
     # --- the claim's and the finish's statements --------------------------------------------
     # Both run on every attempt of every job: written once per shape (the fields set, what
@@ -292,7 +308,8 @@ class Job:
     ):  # fmt: skip
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
         fields', the row's key, the statuses it may change from, for a kind whose claim
-        names its task the task id, and the condition's. False if no row changed, else the
+        names its task the task id, and the condition's (a statement sent before it: its
+        parameters lead `params`). False if no row changed, else the
         returned values (a tuple) or True."""
         params = [
             *params,
@@ -319,14 +336,16 @@ class Job:
         names: tuple,
         given_attempt: bool,
         returning: tuple,
-        condition: Condition | None = None,
+        condition: SQL | None = None,
+        before: SQL | None = None,
     ) -> _Statement:
         condition_sql = condition.sql if condition is not None else ""
-        key = (connection.alias, kind, names, given_attempt, returning, condition_sql)
+        before_sql = before.sql if before is not None else ""
+        key = (connection.alias, kind, names, given_attempt, returning, condition_sql, before_sql)
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = self._write(
-                connection, kind, names, given_attempt, returning, condition_sql
+                connection, kind, names, given_attempt, returning, condition_sql, before_sql
             )
         return statement
 
@@ -338,6 +357,7 @@ class Job:
         given_attempt: bool,
         returning: tuple,
         condition_sql: str = "",
+        before_sql: str = "",
     ) -> _Statement:
         meta = self.model._meta
         qn = connection.ops.quote_name
@@ -396,6 +416,10 @@ class Job:
             col = Col(meta.db_table, output)
             found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
             converters.append((col, found))
+        if before_sql:
+            if not several_statements_in_one_query(connection):
+                raise ValueError(f"{connection.vendor} runs one statement per query")
+            return _Statement(f"{before_sql}; {sql}", tuple(converters), tuple(returning_params), 1)
         return _Statement(sql, tuple(converters), tuple(returning_params))
 
     def requeue(self, pk, /, *, task_id: str, from_status: str, **fields) -> bool:

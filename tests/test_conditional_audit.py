@@ -11,6 +11,7 @@ from audits import services
 from audits.models import Audit, Page
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
 from tests.test_audit_changes import audit_now
+from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db
 
@@ -215,6 +216,12 @@ def test_a_reaudit_compares_with_the_previous_success_its_claim_read_without_rea
         q["sql"] for q in queries if q["sql"].startswith('SELECT "audits_audit"."result"')
     ]
     assert previous_reads == []
+    if connection.vendor == "postgresql":
+        # Unchanged and owing no callback: its finish is one query, the page's lock first.
+        finishes = [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
+        assert len(finishes) == 1, finishes
+        assert finishes[0].startswith('SELECT 1 FROM "audits_page"')
+        assert 'FOR UPDATE; UPDATE "audits_audit"' in finishes[0]
     assert again.result["title"] == first.result["title"]
 
 
@@ -240,3 +247,20 @@ def test_a_success_finished_since_the_claim_is_the_one_a_reaudit_compares_with(p
     # Compared with the success that finished since its claim, not the one it read.
     assert reaudit.changes == [{"field": "title", "before": "Two", "after": "One"}]
     assert Page.objects.get().last_changed_at == reaudit.finished_at
+
+
+def test_an_unchanged_reaudit_that_owes_a_callback_still_owes_it(page, redis_client):
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(
+        page=first.page, task_id="r", trigger=REAUDIT, callback_url="http://127.0.0.1:9/hook"
+    )
+    claimed = services.claim_audit(str(reaudit.id))
+    assert Audit.objects.finish(
+        str(reaudit.id),
+        status=Audit.Status.SUCCEEDED,
+        result=claimed.previous.result,
+        previous=claimed.previous,
+    )
+    reaudit.refresh_from_db()
+    assert reaudit.changes == []
+    assert Delivery.objects.filter(audit=reaudit, event=Delivery.Event.FINISHED).count() == 1
