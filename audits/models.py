@@ -207,7 +207,8 @@ class AuditQuerySet(models.QuerySet):
         transaction is the query's own. False, having changed nothing, when any of that
         does not hold (the caller then finishes it as any other)."""
         unchanged = dict(fields)
-        if self._compared(unchanged, previous.result, fields["result"]) or unchanged["changes"]:
+        # Anything to write to the page (a change, its failing checks) takes the transaction.
+        if self._compared(unchanged, previous.result, fields["result"]):
             return False
         audit_pk = Audit._meta.pk.get_db_prep_value(audit_id, connection)
         row = AUDIT_JOB.finish(

@@ -280,7 +280,7 @@ class Job:
         (`several_statements_in_one_query`)."""
         if not _plain(fields):
             if condition is not None or before is not None:
-                raise ValueError("a finish with a condition sets values, not expressions")
+                raise ValueError("a finish with SQL of its own sets values, not expressions")
             rows = self.unfinished(pk)
             if self.claim_by_task:
                 rows = rows.filter(task_id=task_id)
@@ -309,8 +309,8 @@ class Job:
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
         fields', the row's key, the statuses it may change from, for a kind whose claim
         names its task the task id, and the condition's (a statement sent before it: its
-        parameters lead `params`). False if no row changed, else the
-        returned values (a tuple) or True."""
+        parameters lead `params`). False if no row changed, else the returned values (a
+        tuple) or True."""
         params = [
             *params,
             *(
