@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connections, models, transaction
@@ -11,7 +12,7 @@ from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
-from jobs.lifecycle import Job, Returned
+from jobs.lifecycle import SQL, Job, Returned, several_statements_in_one_query
 from jobs.models import JobRow
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,15 @@ class Page(models.Model):
         return self.url
 
 
+@dataclass(frozen=True)
+class PreviousSuccess:
+    """The page's previous succeeded audit as an attempt's claim read it (a nightly
+    re-audit's, with conditional re-audits on): its id and its result."""
+
+    id: uuid.UUID
+    result: dict
+
+
 class AuditQuerySet(models.QuerySet):
     def finish(
         self,
@@ -110,6 +120,7 @@ class AuditQuerySet(models.QuerySet):
         status: str,
         result: dict | None = None,
         error: str = "",
+        previous: PreviousSuccess | None = None,
     ) -> bool:
         """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
 
@@ -121,10 +132,24 @@ class AuditQuerySet(models.QuerySet):
         (jobs.lifecycle): a failure is one UPDATE returning what the listeners need; a
         success reads its row and locks its page in one statement, reads the previous
         success in another, then writes (DECISIONS.md, "The audit's own plumbing").
+
+        `previous`: the previous success this attempt's claim read. The success is then
+        compared with it and written on the condition that it is still the page's latest
+        success once the page is locked, which saves the read; when another success
+        finished since the claim, the finish reads that one and compares with it instead.
+        An audit that changed nothing since it, owes no callback, and so has nothing
+        for the listeners to write, is finished by one query (`_finish_unchanged`).
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
         connection = connections[self.db]
+        if (
+            previous is not None
+            and status == Audit.Status.SUCCEEDED
+            and several_statements_in_one_query(connection)
+            and self._finish_unchanged(audit_id, fields, previous, connection)
+        ):
+            return True
         with transaction.atomic(using=self.db):
             page_callback_url = ""  # a failure owes the page's callback nothing
             if status != Audit.Status.SUCCEEDED:
@@ -136,24 +161,22 @@ class AuditQuerySet(models.QuerySet):
                 if row is None:
                     return False
                 page_id, callback_url, page_callback_url = row
-                page_fields = {}
-                previous = self._previous_success(page_id, audit_id, connection)
-                changes = compare(previous, result or {})
-                fields.update(changes=changes, got_worse=got_worse(changes))
-                if changes:
-                    page_fields["last_changed_at"] = finished_at
-                    if fields["got_worse"]:
-                        page_fields["last_worse_at"] = finished_at
-                # The page's failing checks are written only when they may differ from
-                # what it holds: its first audit, one before findings, or a change in them.
-                if (
-                    previous is None
-                    or "findings" not in previous
-                    or any(change["field"] == FAILING_CHECKS for change in changes or [])
-                ):
-                    page_fields["failing_checks"] = sorted(failing_checks(result or {}))
-                # Still conditional: a finisher racing this one since the read changes nothing.
-                updated = AUDIT_JOB.finish(audit_id, status, **fields)
+                updated = False
+                if previous is not None:
+                    # Read after the lock is granted, as the previous success would be.
+                    still_previous = SQL(
+                        STILL_PREVIOUS_SUCCESS_SQL,
+                        (Audit._meta.pk.get_db_prep_value(previous.id, connection),),
+                    )
+                    page_fields = self._compared(fields, previous.result, result)
+                    updated = AUDIT_JOB.finish(audit_id, status, condition=still_previous, **fields)
+                if not updated:
+                    page_fields = self._compared(
+                        fields, self._previous_success(page_id, audit_id, connection), result
+                    )
+                    # Still conditional: a finisher racing this one since the read changes
+                    # nothing.
+                    updated = AUDIT_JOB.finish(audit_id, status, **fields)
                 if updated and page_fields:
                     Page.objects.filter(id=page_id).update(**page_fields)
             if updated:
@@ -171,16 +194,67 @@ class AuditQuerySet(models.QuerySet):
                     page_callback=bool(page_callback_url),
                 )
         if updated:
-            log.info(
-                "audit.finished",
-                extra={
-                    "audit_id": str(audit_id),
-                    "status": status,
-                    "error": error,
-                    "changes": None if fields.get("changes") is None else len(fields["changes"]),
-                },
-            )
+            _log_finished(audit_id, status, fields)
         return bool(updated)
+
+    def _finish_unchanged(
+        self, audit_id, fields: dict, previous: PreviousSuccess, connection
+    ) -> bool:
+        """Finish a success that changed nothing since `previous` in one query: the page's
+        lock, then the UPDATE, on the condition that `previous` is still the page's latest
+        success (read after the lock, by the UPDATE's own snapshot) and the audit owes no
+        callback. Nothing to write to the page, and nothing for the listeners to write: the
+        transaction is the query's own. False, having changed nothing, when any of that
+        does not hold (the caller then finishes it as any other)."""
+        unchanged = dict(fields)
+        # Anything to write to the page (a change, its failing checks) takes the transaction.
+        if self._compared(unchanged, previous.result, fields["result"]):
+            return False
+        audit_pk = Audit._meta.pk.get_db_prep_value(audit_id, connection)
+        row = AUDIT_JOB.finish(
+            audit_id,
+            Audit.Status.SUCCEEDED,
+            before=SQL(LOCK_PAGE_OF_AUDIT_SQL, (audit_pk,)),
+            condition=SQL(
+                UNCHANGED_SINCE_SQL, (Audit._meta.pk.get_db_prep_value(previous.id, connection),)
+            ),
+            returning=("page__callback_url",),
+            **unchanged,
+        )
+        if not row:
+            return False
+        # After the commit: with no change and no callback, no listener owes anything.
+        audit_finished.send(
+            sender=Audit,
+            audit_id=str(audit_id),
+            callback=False,
+            changed=False,
+            page_callback=bool(row[0]),
+        )
+        _log_finished(audit_id, Audit.Status.SUCCEEDED, unchanged)
+        return True
+
+    @staticmethod
+    def _compared(fields: dict, previous: dict | None, result: dict | None) -> dict:
+        """Set a success's `changes` and `got_worse` in `fields`, compared with the page's
+        previous success; return what the page's own row must be updated with."""
+        finished_at = fields["finished_at"]
+        page_fields = {}
+        changes = compare(previous, result or {})
+        fields.update(changes=changes, got_worse=got_worse(changes))
+        if changes:
+            page_fields["last_changed_at"] = finished_at
+            if fields["got_worse"]:
+                page_fields["last_worse_at"] = finished_at
+        # The page's failing checks are written only when they may differ from what it
+        # holds: its first audit, one before findings, or a change in them.
+        if (
+            previous is None
+            or "findings" not in previous
+            or any(change["field"] == FAILING_CHECKS for change in changes or [])
+        ):
+            page_fields["failing_checks"] = sorted(failing_checks(result or {}))
+        return page_fields
 
     def status_and_url(self, audit_id) -> tuple[str, str] | None:
         """The audit's status and its page's URL (its task's breaker is the page's origin's),
@@ -218,6 +292,18 @@ class AuditQuerySet(models.QuerySet):
         if row is None:
             return None
         return Audit._meta.get_field("result").from_db_value(row[0], None, connection)
+
+
+def _log_finished(audit_id, status: str, fields: dict) -> None:
+    log.info(
+        "audit.finished",
+        extra={
+            "audit_id": str(audit_id),
+            "status": status,
+            "error": fields["error"],
+            "changes": None if fields.get("changes") is None else len(fields["changes"]),
+        },
+    )
 
 
 class Audit(JobRow):
@@ -370,16 +456,37 @@ PREVIOUS_SUCCESS_SQL = (
     f'SELECT {_A}."result" FROM {_A} WHERE {_A}."page_id" = %s AND {_A}."status" = {_SUCCESS} '
     f'AND {_A}."id" <> %s ORDER BY {_A}."finished_at" DESC LIMIT 1'
 )
-# A nightly re-audit's claim returns its page's previous succeeded result (the validators
-# it may revalidate with, and the result a 304 carries forward): read by the claim's own
-# statement, for a re-audit only (audits.services.claim_audit).
+
+
+def _previous_success_of_row(column: str) -> str:
+    """A column of the previous success of the audit row in hand (a subquery over it)."""
+    return (
+        f'(SELECT previous."{column}" FROM {_A} AS previous '
+        f'WHERE previous."page_id" = {_A}."page_id" AND previous."status" = {_SUCCESS} '
+        f'AND previous."id" <> {_A}."id" ORDER BY previous."finished_at" DESC LIMIT 1)'
+    )
+
+
+# A nightly re-audit's claim returns its page's previous success, its result and its id
+# (the validators it may revalidate with, the result a 304 carries forward and the finish
+# compares with): read by the claim's own statement, for a re-audit only
+# (audits.services.claim_audit).
+_IF_REAUDIT = f"CASE WHEN {_A}.\"trigger\" = '{Audit.Trigger.REAUDIT}' THEN "
 PREVIOUS_RESULT_OF_REAUDIT = Returned(
-    f"CASE WHEN {_A}.\"trigger\" = '{Audit.Trigger.REAUDIT}' THEN ("
-    f'SELECT previous."result" FROM {_A} AS previous WHERE previous."page_id" = {_A}."page_id" '
-    f'AND previous."status" = {_SUCCESS} AND previous."id" <> {_A}."id" '
-    f'ORDER BY previous."finished_at" DESC LIMIT 1) END',
-    Audit._meta.get_field("result"),
+    f"{_IF_REAUDIT}{_previous_success_of_row('result')} END", Audit._meta.get_field("result")
 )
+PREVIOUS_ID_OF_REAUDIT = Returned(
+    f"{_IF_REAUDIT}{_previous_success_of_row('id')} END", Audit._meta.pk
+)
+# A finish's condition: the previous success is still the one its claim read.
+STILL_PREVIOUS_SUCCESS_SQL = f"{_previous_success_of_row('id')} = %s"
+# An unchanged success's one-query finish: its page locked first, then its UPDATE on the
+# condition that it owes no callback and the previous success is still the claim's.
+LOCK_PAGE_OF_AUDIT_SQL = (
+    f'SELECT 1 FROM {_P} WHERE {_P}."id" = (SELECT {_A}."page_id" FROM {_A} '
+    f'WHERE {_A}."id" = %s) FOR UPDATE'
+)
+UNCHANGED_SINCE_SQL = f"{_A}.\"callback_url\" = '' AND {STILL_PREVIOUS_SUCCESS_SQL}"
 
 
 class SharedLink(JobRow):

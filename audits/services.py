@@ -19,7 +19,13 @@ from audits import robots as robots_store
 from audits.analysis import audit_result, says_noindex
 from audits.findings import PageInfo, is_crawlable, robots_txt
 from audits.linkcheck import QueuedCheck, start_link_checks
-from audits.models import AUDIT_JOB, PREVIOUS_RESULT_OF_REAUDIT, Audit
+from audits.models import (
+    AUDIT_JOB,
+    PREVIOUS_ID_OF_REAUDIT,
+    PREVIOUS_RESULT_OF_REAUDIT,
+    Audit,
+    PreviousSuccess,
+)
 from jobs.errors import Permanent, WaitTooLong
 from outbound.integrations.page import FetchedPage, Validators, fetch_page
 from outbound.integrations.robots import RobotsInfo
@@ -38,9 +44,18 @@ class ClaimedAudit:
     url: str
     page_id: int
     trigger: str
-    # A nightly re-audit's page's previous succeeded result, read by the claim when
-    # AUDIT_CONDITIONAL_REAUDITS is on (None otherwise, and for a client's audit).
+    # A nightly re-audit's page's previous succeeded result and its audit's id, read by
+    # the claim when AUDIT_CONDITIONAL_REAUDITS is on (None otherwise, and for a client's
+    # audit).
     previous_result: dict | None = None
+    previous_id: uuid.UUID | None = None
+
+    @property
+    def previous(self) -> PreviousSuccess | None:
+        """The previous success the claim read, for the finish to compare with."""
+        if self.previous_id is None or not isinstance(self.previous_result, dict):
+            return None
+        return PreviousSuccess(self.previous_id, self.previous_result)
 
 
 # What the attempt needs of its row, read by the claim's own statement.
@@ -55,7 +70,7 @@ def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | 
     succeeded result (`revalidation`), with conditional re-audits on."""
     returning = CLAIMED
     if settings.AUDIT_CONDITIONAL_REAUDITS:
-        returning = (*CLAIMED, PREVIOUS_RESULT_OF_REAUDIT)
+        returning = (*CLAIMED, PREVIOUS_RESULT_OF_REAUDIT, PREVIOUS_ID_OF_REAUDIT)
     try:
         claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="", returning=returning)
     except ValidationError:
@@ -187,7 +202,9 @@ def execute_audit(
         result = with_validators(audit_result(fetched, robots=robots), fetched)
     started, queued = start_link_checks(audit_id, result)
     if not started:
-        Audit.objects.finish(audit_id, status=Audit.Status.SUCCEEDED, result=result)
+        Audit.objects.finish(
+            audit_id, status=Audit.Status.SUCCEEDED, result=result, previous=claimed.previous
+        )
     return queued
 
 

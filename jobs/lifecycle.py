@@ -100,10 +100,20 @@ class Returned:
 
 
 @dataclass(frozen=True)
+class SQL:
+    """A piece of SQL over the job's table (by name), with its parameters: a condition a
+    finish also requires, or a statement sent before it (`Job.finish`)."""
+
+    sql: str
+    params: tuple = ()
+
+
+@dataclass(frozen=True)
 class _Statement:
     sql: str
     converters: tuple  # (column, its converters) for each returned value
     returning_params: tuple  # the RETURNING clause's, after the SET's and the WHERE's
+    results_before: int = 0  # result sets of statements sent before it in the same query
 
     def run(self, connection, params: list):
         """The row the statement changed, its returned values converted as the ORM
@@ -113,6 +123,8 @@ class _Statement:
             connection.cursor() as cursor,
         ):
             cursor.execute(self.sql, [*params, *self.returning_params])
+            for _ in range(self.results_before):
+                cursor.nextset()
             row = cursor.fetchone()
         if row is None:
             return None
@@ -122,6 +134,13 @@ class _Statement:
                 value = converter(value, col, connection)
             values.append(value)
         return tuple(values)
+
+
+def several_statements_in_one_query(connection) -> bool:
+    """PostgreSQL with client-side binding (psycopg's ClientCursor, Django's default) runs
+    a query of several statements, each with its own snapshot, all in one transaction
+    outside a transaction block; SQLite's cursors and server-side binding run one."""
+    return connection.vendor == "postgresql" and not connection.features.uses_server_side_binding
 
 
 def _plain(fields: dict) -> bool:
@@ -246,20 +265,33 @@ class Job:
         *,
         task_id: str | None = None,
         returning: Sequence[str | Returned] = (),
+        condition: SQL | None = None,
+        before: SQL | None = None,
         **fields,
     ):
         """Record the outcome once; False if it was finished already (or is gone, or, for a
-        kind whose claim names its task, claimed under another task). `returning`, as for
-        `claim`: the finished row's values (a tuple) instead of True."""
+        kind whose claim names its task, claimed under another task, or `condition` does
+        not hold). `returning`, as for `claim`: the finished row's values (a tuple) instead
+        of True.
+
+        `before`: a statement sent with the finish's in one query, and run first (a lock
+        whose wait must come before the finish's snapshot): one round trip, and outside a
+        transaction one transaction. Only where a query may hold several statements
+        (`several_statements_in_one_query`)."""
         if not _plain(fields):
+            if condition is not None or before is not None:
+                raise ValueError("a finish with SQL of its own sets values, not expressions")
             rows = self.unfinished(pk)
             if self.claim_by_task:
                 rows = rows.filter(task_id=task_id)
             return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
         connection = connections[router.db_for_write(self.model)]
-        statement = self._statement(connection, "finish", tuple(fields), False, tuple(returning))
+        statement = self._statement(
+            connection, "finish", tuple(fields), False, tuple(returning), condition, before
+        )
+        params = [*(before.params if before is not None else ()), str(final)]
         return self._run(
-            statement, connection, [str(final)], fields, pk, self.done, task_id, returning
+            statement, connection, params, fields, pk, self.done, task_id, returning, condition
         )
 
     # --- the claim's and the finish's statements --------------------------------------------
@@ -270,10 +302,14 @@ class Job:
     def _pk_param(self, pk, connection):
         return self.model._meta.pk.get_db_prep_value(pk, connection)
 
-    def _run(self, statement, connection, params, fields, pk, statuses, task_id, returning):
+    def _run(
+        self, statement, connection, params, fields, pk, statuses, task_id, returning,
+        condition=None,
+    ):  # fmt: skip
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
-        fields', the row's key, the statuses it may change from and, for a kind whose claim
-        names its task, the task id. False if no row changed, else the returned values (a
+        fields', the row's key, the statuses it may change from, for a kind whose claim
+        names its task the task id, and the condition's (a statement sent before it: its
+        parameters lead `params`). False if no row changed, else the returned values (a
         tuple) or True."""
         params = [
             *params,
@@ -286,24 +322,42 @@ class Job:
         ]
         if self.claim_by_task:
             params.append(task_id)
+        if condition is not None:
+            params += condition.params
         row = statement.run(connection, params)
         if row is None:
             return False
         return row if returning else True
 
     def _statement(
-        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+        self,
+        connection,
+        kind: str,
+        names: tuple,
+        given_attempt: bool,
+        returning: tuple,
+        condition: SQL | None = None,
+        before: SQL | None = None,
     ) -> _Statement:
-        key = (connection.alias, kind, names, given_attempt, returning)
+        condition_sql = condition.sql if condition is not None else ""
+        before_sql = before.sql if before is not None else ""
+        key = (connection.alias, kind, names, given_attempt, returning, condition_sql, before_sql)
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = self._write(
-                connection, kind, names, given_attempt, returning
+                connection, kind, names, given_attempt, returning, condition_sql, before_sql
             )
         return statement
 
     def _write(
-        self, connection, kind: str, names: tuple, given_attempt: bool, returning: tuple
+        self,
+        connection,
+        kind: str,
+        names: tuple,
+        given_attempt: bool,
+        returning: tuple,
+        condition_sql: str = "",
+        before_sql: str = "",
     ) -> _Statement:
         meta = self.model._meta
         qn = connection.ops.quote_name
@@ -333,6 +387,8 @@ class Job:
         where = f"{qn(meta.pk.column)} = %s AND {condition}"
         if self.claim_by_task:
             where += f" AND {column('task_id')} = %s"
+        if condition_sql:
+            where += f" AND ({condition_sql})"
         sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {where}"
         outputs, returning_params = [], []
         for item in returning or (meta.pk.name,):
@@ -360,6 +416,10 @@ class Job:
             col = Col(meta.db_table, output)
             found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
             converters.append((col, found))
+        if before_sql:
+            if not several_statements_in_one_query(connection):
+                raise ValueError(f"{connection.vendor} runs one statement per query")
+            return _Statement(f"{before_sql}; {sql}", tuple(converters), tuple(returning_params), 1)
         return _Statement(sql, tuple(converters), tuple(returning_params))
 
     def requeue(self, pk, /, *, task_id: str, from_status: str, **fields) -> bool:

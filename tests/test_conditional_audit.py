@@ -3,12 +3,19 @@ previous result forward instead of downloading and parsing the page again."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.test.utils import CaptureQueriesContext
 
 from audits import services
-from audits.models import Audit
+from audits.models import Audit, Page
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
 from tests.test_audit_changes import audit_now
+from tests.workers import wait_for
+from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db
 
@@ -197,3 +204,127 @@ def test_an_unchanged_page_still_has_its_links_checked(page, site, redis_client)
     statuses = {link["url"]: link["status"] for link in again.result["links"]}
     assert statuses == {f"{site.base_url}/": "ok", f"{site.base_url}/missing": "broken"}
     assert again.result["link_check"]["total"] == 2
+
+
+def test_a_reaudit_compares_with_the_previous_success_its_claim_read_without_reading_it_again(
+    page, redis_client
+):
+    first = audit_now(page.url)
+    with CaptureQueriesContext(connection) as queries:
+        again = audit_now(page.url, trigger=REAUDIT)
+    assert again.result["not_modified"] is True
+    assert again.changes == [] and again.got_worse is False
+    # The claim read the previous success; the finish's UPDATE holds only while it is
+    # still the page's latest, and nothing reads it a second time.
+    previous_reads = [
+        q["sql"] for q in queries if q["sql"].startswith('SELECT "audits_audit"."result"')
+    ]
+    assert previous_reads == []
+    if connection.vendor == "postgresql":
+        # Unchanged and owing no callback: its finish is one query, the page's lock first.
+        finishes = [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
+        assert len(finishes) == 1, finishes
+        assert finishes[0].startswith('SELECT 1 FROM "audits_page"')
+        assert 'FOR UPDATE; UPDATE "audits_audit"' in finishes[0]
+    assert again.result["title"] == first.result["title"]
+
+
+def test_a_success_finished_since_the_claim_is_the_one_a_reaudit_compares_with(page, redis_client):
+    page.state.title = "One"
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
+    claimed = services.claim_audit(str(reaudit.id))
+    assert claimed.previous.id == first.id and claimed.previous.result["title"] == "One"
+
+    # While the re-audit runs, a client's audit of the changed page succeeds.
+    page.state.title = "Two"
+    between = audit_now(page.url)
+    assert [change["field"] for change in between.changes] == ["title"]
+
+    assert Audit.objects.finish(
+        str(reaudit.id),
+        status=Audit.Status.SUCCEEDED,
+        result=claimed.previous.result,
+        previous=claimed.previous,
+    )
+    reaudit.refresh_from_db()
+    # Compared with the success that finished since its claim, not the one it read.
+    assert reaudit.changes == [{"field": "title", "before": "Two", "after": "One"}]
+    assert Page.objects.get().last_changed_at == reaudit.finished_at
+
+
+def test_an_unchanged_reaudit_that_owes_a_callback_still_owes_it(page, redis_client):
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(
+        page=first.page, task_id="r", trigger=REAUDIT, callback_url="http://127.0.0.1:9/hook"
+    )
+    claimed = services.claim_audit(str(reaudit.id))
+    assert Audit.objects.finish(
+        str(reaudit.id),
+        status=Audit.Status.SUCCEEDED,
+        result=claimed.previous.result,
+        previous=claimed.previous,
+    )
+    reaudit.refresh_from_db()
+    assert reaudit.changes == []
+    assert Delivery.objects.filter(audit=reaudit, event=Delivery.Event.FINISHED).count() == 1
+
+
+def finishes_waiting_on_a_lock() -> int:
+    """Sessions of the test database waiting for a lock (the re-audit's finish)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's lock waits")
+def test_an_unchanged_reaudit_that_waited_for_its_page_compares_with_what_finished_meanwhile(
+    page, redis_client
+):
+    # The one-query finish locks the page, then writes on the condition that the claim's
+    # previous success is still the latest: the condition must read after the lock is
+    # granted, so a success committed while the finish waited is the one compared with.
+    page.state.title = "One"
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
+    claimed = services.claim_audit(str(reaudit.id))
+    between = Audit.objects.create(page=first.page, task_id="b", status=Audit.Status.RUNNING)
+    finished = []
+
+    def finish_reaudit():
+        try:
+            finished.append(
+                Audit.objects.finish(
+                    str(reaudit.id),
+                    status=Audit.Status.SUCCEEDED,
+                    result=claimed.previous.result,
+                    previous=claimed.previous,
+                )
+            )
+        finally:
+            connection.close()
+
+    locker = connections.create_connection(DEFAULT_DB_ALIAS)
+    thread = threading.Thread(target=finish_reaudit)
+    try:
+        with locker.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT 1 FROM audits_page WHERE id = %s FOR UPDATE", [first.page_id])
+            cursor.execute(
+                "UPDATE audits_audit SET status = 'succeeded', finished_at = now(),"
+                " result = %s::jsonb WHERE id = %s",
+                [json.dumps({**first.result, "title": "Two"}), between.id],
+            )
+            thread.start()
+            wait_for(lambda: finishes_waiting_on_a_lock() == 1, timeout=30, message="the finish")
+            cursor.execute("COMMIT")
+        thread.join(timeout=30)
+    finally:
+        locker.close()
+    assert finished == [True]
+    reaudit.refresh_from_db()
+    assert reaudit.changes == [{"field": "title", "before": "Two", "after": "One"}]

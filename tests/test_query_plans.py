@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import admission
-from audits.models import Audit, Page
+from audits.models import Audit, Page, PreviousSuccess
 from audits.pages import audits_listed, change_counts
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
@@ -73,6 +73,40 @@ def test_a_finish_reads_the_page_s_previous_success_from_its_own_index(statistic
     chosen = plan(queries, 'SELECT "audits_audit"."result"')
     assert "Index Scan using audit_page_success_idx" in chosen, chosen
     assert "Bitmap" not in chosen, chosen  # no second index read and ANDed with it
+
+
+@pytest.mark.parametrize("statistics", ["as they are", "fresh"])
+@pytest.mark.parametrize(
+    "result",
+    [{"status": 200, "findings": []}, {"status": 200}],
+    ids=["unchanged, one query", "with the page's failing checks to write"],
+)
+def test_a_reaudit_s_finish_checks_its_claim_s_previous_success_on_its_own_index(
+    statistics, result
+):
+    # The finish of a re-audit whose claim read the previous success writes on the
+    # condition that it is still the page's latest (audits.models.AuditQuerySet.finish).
+    succeeded_audits_of_other_pages(2000)
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    audit = Audit.objects.create(page=page, task_id="earlier")
+    Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result=result)
+    previous = PreviousSuccess(audit.id, result)
+    audit = Audit.objects.create(page=page, task_id="now", trigger=Audit.Trigger.REAUDIT)
+    if statistics == "fresh":
+        analyze("audits_audit", "audits_page")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert Audit.objects.finish(
+            audit.id, status=Audit.Status.SUCCEEDED, result=result, previous=previous
+        )
+
+    (sql,) = [q["sql"] for q in queries if 'previous."id"' in q["sql"]]
+    update = sql[sql.index('UPDATE "audits_audit"') :]  # the one query may lock first
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + update)
+        chosen = "\n".join(row for (row,) in cursor.fetchall())
+    assert "Index Scan using audit_page_success_idx" in chosen, chosen
+    assert "Bitmap" not in chosen, chosen
 
 
 @pytest.mark.parametrize("statistics", ["as they are", "fresh"])
