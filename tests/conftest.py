@@ -14,6 +14,10 @@ from tests.workers import WorkerProcess
 
 # A committing test empties the tables with DELETEs instead of Django's flush (tests/database.py).
 database.install()
+# Django's advice for a test suite: a fast password hasher. Production's PBKDF2 (1,000,000
+# iterations) costs 0.21 s of CPU a hash here, and the suite's admin users and logins make
+# about sixty; no test is about the hash itself.
+settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
