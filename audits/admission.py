@@ -44,6 +44,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import psycopg
 import redis
 from django.conf import settings
 from django.db import connections, router
@@ -225,6 +226,15 @@ WHERE {_A}."client" = %s AND {_A}."status" IN ({_sql_list(Audit.UNFINISHED)})
 """
 
 
+class PreparingCursor(psycopg.Cursor):
+    """psycopg's server-binding cursor, preparing what it runs: PostgreSQL parses and
+    plans the statement once per connection, then each call only binds and executes.
+    Django's own cursors bind client-side and never prepare (settings: prepare_threshold)."""
+
+    def execute(self, query, params=None, *, prepare=True, **kwargs):
+        return super().execute(query, params, prepare=prepare, **kwargs)
+
+
 def client_holding(client_key: str) -> int:
     """What `client_key` holds of the backlog, read from the record in one query: each
     of its audits not finished is one entry, except that an audit checking links holds
@@ -232,7 +242,13 @@ def client_holding(client_key: str) -> int:
     work ("") belongs to no client."""
     if not client_key:
         return 0
-    with connections[router.db_for_read(Audit)].cursor() as cursor:
+    db = connections[router.db_for_read(Audit)]
+    # Django's cursor: its health check, its error classes and its query log.
+    with db.cursor() as cursor:
+        if db.vendor == "postgresql":
+            # Planning this join cost more than running it, on every submission
+            # (DECISIONS.md, "The client's holding is one prepared statement").
+            cursor.cursor = PreparingCursor(cursor.connection)
         cursor.execute(CLIENT_HOLDING_SQL, [client_key])
         audits, checks = cursor.fetchone()
     return (audits or 0) + (checks or 0)

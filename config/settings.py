@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -140,6 +141,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # A database that is out of connections fails the task fast (and the
     # task is retried) instead of hanging a pool process.
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
+    # psycopg prepares a statement only when asked (execute(prepare=True): the client's
+    # holding, audits.admission.PreparingCursor). Django's cursors bind client-side and
+    # never prepare; its default None would refuse the one statement that asks too.
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = sys.maxsize
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Owner-only: it holds sessions and callback URLs. SQLite gives its -wal and -shm
