@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import admission
-from audits.models import Audit, Page
+from audits.models import Audit, LinkCheck, Page
 from audits.pages import audits_listed, change_counts
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
@@ -147,10 +147,10 @@ def test_a_clients_audit_listing_reads_its_own_rows_by_index(django_user_model):
     assert "audits_audit_created_at" not in chosen, chosen  # no walk of every audit
 
 
-def prepared_plan(fragment: str, argument: str, plan_cache_mode: str) -> str:
+def prepared_plan(fragment: str, arguments: list[str], plan_cache_mode: str) -> str:
     """PostgreSQL's plan for the one statement prepared on this connection that holds
-    `fragment`, run with `argument`: its plan for that argument (force_custom_plan, what
-    its first five runs get) or the plan it may keep for any argument (force_generic_plan)."""
+    `fragment`, run with `arguments`: its plan for them (force_custom_plan, what its first
+    five runs get) or the plan it may keep for any (force_generic_plan)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT name FROM pg_prepared_statements WHERE position(%s in statement) > 0",
@@ -158,7 +158,8 @@ def prepared_plan(fragment: str, argument: str, plan_cache_mode: str) -> str:
         )
         ((name,),) = cursor.fetchall()
         cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
-        cursor.execute(f"EXPLAIN EXECUTE {name}(%s)", [argument])
+        placeholders = ", ".join(["%s"] * len(arguments))
+        cursor.execute(f"EXPLAIN EXECUTE {name}({placeholders})", arguments)
         return "\n".join(row for (row,) in cursor.fetchall())
 
 
@@ -169,16 +170,41 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
 ):
     # Every submission counts its client's unfinished audits (audits.admission) with a
     # statement prepared once per connection: a probe of the partial index, never a walk
-    # of the client's finished history, whether planned for its client or for any.
+    # of the client's finished history, whether planned for its client or for any; and
+    # the link checks of its audits checking links read through their own index, never
+    # every check of every client (the plan PostgreSQL may keep, force_generic_plan).
     succeeded_audits_of_other_pages(2000)
     Audit.objects.filter(status=Audit.Status.SUCCEEDED).update(client="ip:192.0.2.1")
     page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
-    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    for n in range(40):
+        Audit.objects.create(page=page, task_id=f"queued-{n}", client="ip:192.0.2.1")
+    checking = Audit.objects.create(
+        page=page, task_id="checking", client="ip:192.0.2.1", status=Audit.Status.CHECKING_LINKS
+    )
+    LinkCheck.objects.bulk_create(
+        LinkCheck(audit=checking, url=f"http://127.0.0.1:9/{n}") for n in range(3)
+    )
+    others = Audit.objects.bulk_create(
+        Audit(page=page, task_id=f"other-{n}", client=f"ip:192.0.2.{n % 50 + 2}",
+              status=Audit.Status.CHECKING_LINKS)
+        for n in range(400)
+    )  # fmt: skip
+    LinkCheck.objects.bulk_create(
+        (
+            LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}")
+            for audit in others
+            for n in range(50)
+        ),
+        batch_size=5000,
+    )
     if statistics == "fresh":
         analyze("audits_audit", "audits_linkcheck")
 
-    assert admission.client_holding("ip:192.0.2.1") == 1
+    assert admission.client_holding("ip:192.0.2.1") == 40 + 3
 
-    chosen = prepared_plan('"audits_audit"."client" = $1', "ip:192.0.2.1", plan_cache_mode)
+    client = ["ip:192.0.2.1"] * 2  # the statement names it twice
+    chosen = prepared_plan('"audits_audit"."client" = $1', client, plan_cache_mode)
     assert "audit_client_unfinished_idx" in chosen, chosen
     assert "Seq Scan on audits_audit" not in chosen, chosen
+    if plan_cache_mode == "force_generic_plan":
+        assert "Seq Scan on audits_linkcheck" not in chosen, chosen
