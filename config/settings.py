@@ -145,6 +145,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # holding, audits.admission.PreparingCursor). Django's cursors bind client-side and
     # never prepare; its default None would refuse the one statement that asks too.
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = sys.maxsize
+    # A prepared statement keeps its one plan for any client: PostgreSQL's default
+    # (auto) kept planning it on every call whenever the statistics made the plan for
+    # any client look dearer than the client's own, and planned it for a client with a
+    # long history as a walk of every link check (DECISIONS.md, "The client's holding is
+    # one prepared statement"). Only prepared statements have a plan cache to choose from.
+    _server_options = DATABASES["default"]["OPTIONS"].get("options", "")
+    DATABASES["default"]["OPTIONS"]["options"] = (
+        f"{_server_options} -c plan_cache_mode=force_generic_plan".strip()
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Owner-only: it holds sessions and callback URLs. SQLite gives its -wal and -shm

@@ -208,3 +208,21 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
     assert "Seq Scan on audits_audit" not in chosen, chosen
     if plan_cache_mode == "force_generic_plan":
         assert "Seq Scan on audits_linkcheck" not in chosen, chosen
+
+
+def test_a_client_s_holding_is_planned_once_for_every_client():
+    # settings: plan_cache_mode=force_generic_plan. Under PostgreSQL's default the
+    # statement was planned again on every call whenever its statistics made the plan for
+    # any client look dearer than each client's own (bench/admission.py).
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    for n in range(6):
+        admission.client_holding(f"ip:192.0.2.{n % 2 + 1}")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE position(%s in statement) > 0",
+            ['"audits_audit"."client" = $1'],
+        )
+        assert cursor.fetchall() == [(6, 0)]
