@@ -8,11 +8,15 @@
 1. The cost of one backlog check with 100 and with 100,000 messages held in
    `unacked:audits` (retries in backoff), for the chosen check and the alternatives.
 2. Requests per second of POST /api/audits through the WSGI app (Django's test
-   client, in process: no HTTP server to add noise), with admission on and with the
-   admission step removed from the view, alternating request by request.
+   client, in process: no HTTP server to add noise), with admission on, with admission
+   reading the client's holding as it did before (one join, planned on every call), and
+   with the admission step removed from the view, in turn request by request.
 3. A fail-fast outage: a real `celery worker` (4 slots, started with the tests'
    `WorkerProcess`) whose every audit fails at once (a 500 from the demo site), the
    cap at 20, and 100 submissions paced at 5 per second; how many each count admits.
+4. What a client holds (admission.client_holding, the fair share's count each
+   submission reads), against the same count planned on every call and against the
+   one join it replaced, alternated, at holdings of 10 and 100.
 
 It creates its own database on the DATABASE_URL server (Django's test-database
 machinery, named `bench_admission_...`) and drops it at the end. The check reads
@@ -23,6 +27,7 @@ it refuses a non-empty one unless given --flush.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -47,7 +52,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from audits import admission  # noqa: E402
 from audits.api import views  # noqa: E402
-from audits.models import Audit, Page  # noqa: E402
+from audits.models import Audit, LinkCheck, Page  # noqa: E402
 from audits.tasks import run_audit  # noqa: E402
 from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
 from config.redis import REDIS_NOW_LUA, lua, redis_client  # noqa: E402
@@ -225,14 +230,17 @@ def bench_check_costs(client) -> dict[str, dict[int, float]]:
 # --- endpoint throughput --------------------------------------------------------------
 
 
-def bench_throughput(client, *, requests: int = 3000) -> dict:
-    """POST /api/audits with admission on and off, alternating request by request, so
-    load from elsewhere on the machine falls on both alike."""
+def bench_throughput(client, *, requests: int = 4500) -> dict:
+    """POST /api/audits with admission on, with admission reading the client's holding as
+    it did before (ONE_JOIN_SQL, planned on every call), and with admission off, in turn
+    request by request, so load from elsewhere on the machine falls on all three alike."""
     settings.AUDIT_SUBMIT_BURST = 10**9
     settings.AUDIT_QUEUE_MAX_DEPTH = 10**9
     http = Client(HTTP_HOST="localhost")
-    admit = views.admit
-    latencies: dict[str, list[float]] = {"on": [], "off": []}
+    admit, client_holding = views.admit, admission.client_holding
+    modes = ("on", "before", "off")
+    orders = list(itertools.permutations(modes))
+    latencies: dict[str, list[float]] = {mode: [] for mode in modes}
 
     def post(n: int) -> float:
         started = time.perf_counter()
@@ -246,9 +254,12 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
         return elapsed
 
     try:
-        for n in range(-200, requests):  # the first 200: warm-up, not recorded
-            mode = "on" if n % 2 == 0 else "off"
-            views.admit = admit if mode == "on" else (lambda request, client: None)
+        for n in range(-300, requests):  # the first 300: warm-up, not recorded
+            # Each mode follows each other mode as often: a request after one with admission
+            # off ran slower than its mode's others, whichever mode it was.
+            mode = orders[(n // len(modes)) % len(orders)][n % len(modes)]
+            views.admit = admit if mode != "off" else (lambda request, client: None)
+            admission.client_holding = holding_as_before if mode == "before" else client_holding
             elapsed = post(n)
             if n >= 0:
                 latencies[mode].append(elapsed)
@@ -260,16 +271,15 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
                     status=Audit.Status.SUCCEEDED
                 )
     finally:
-        views.admit = admit
+        views.admit, admission.client_holding = admit, client_holding
     Audit.objects.all().delete()
     Page.objects.all().delete()
     client.flushdb()
-    on = len(latencies["on"]) / sum(latencies["on"])
-    off = len(latencies["off"]) / sum(latencies["off"])
+    rate = {mode: len(values) / sum(values) for mode, values in latencies.items()}
     return {
-        "on": on,
-        "off": off,
-        "cost": 1 - on / off,
+        **rate,
+        "cost": 1 - rate["on"] / rate["off"],
+        "cost_before": 1 - rate["before"] / rate["off"],
         "median_ms": {mode: statistics.median(values) * 1e3 for mode, values in latencies.items()},
         "requests": requests,
     }
@@ -278,40 +288,109 @@ def bench_throughput(client, *, requests: int = 3000) -> dict:
 # --- a client's holding ---------------------------------------------------------------
 
 HOLDINGS = (10, 100)
+HOLDER = "ip:192.0.2.1"
+CHECKS_PER_AUDIT = 10
+
+# What client_holding ran before (2026-12-06): one join of every unfinished audit of the
+# client to its link checks, bound client-side like every Django statement, so parsed
+# and planned on each call.
+_A, _C, _UNFINISHED = admission._A, admission._C, admission._sql_list(Audit.UNFINISHED)
+ONE_JOIN_SQL = f"""
+SELECT
+  COUNT(DISTINCT {_A}."id") FILTER (WHERE {_A}."status" <> '{Audit.Status.CHECKING_LINKS}'),
+  COUNT({_C}."id") FILTER (WHERE {_A}."status" = '{Audit.Status.CHECKING_LINKS}'
+      AND {_C}."status" IN ({admission._sql_list(LinkCheck.UNFINISHED)}))
+FROM {_A} LEFT OUTER JOIN {_C} ON {_C}."audit_id" = {_A}."id"
+WHERE {_A}."client" = %s AND {_A}."status" IN ({_UNFINISHED})
+"""
 
 
-def bench_client_holding(*, others: int = 100_000, own_finished: int = 100_000) -> dict:
-    """Median microseconds of admission.client_holding (the per-client count each
-    submission adds) for a client holding 10 and 100 (the default share) unfinished
-    audits, with `others` unfinished audits of 1,000 other clients and `own_finished` of
-    its own history in the table."""
+def holding_as_before(client_key: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(ONE_JOIN_SQL, [client_key])
+        audits, checks = cursor.fetchone()
+    return (audits or 0) + (checks or 0)
+
+
+def _unprepared(sql: str, params: list):
+    def count() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return sum(cursor.fetchone())
+
+    return count
+
+
+HOLDING_COUNTS = {
+    "chosen: two counts, prepared (admission.client_holding)": lambda: admission.client_holding(
+        HOLDER
+    ),
+    "the same two counts, planned on every call": _unprepared(
+        admission.CLIENT_HOLDING_SQL, [HOLDER, HOLDER]
+    ),
+    "before: one join of audits to checks, planned on every call": lambda: holding_as_before(
+        HOLDER
+    ),
+}
+
+
+def bench_client_holding(
+    *, others: int = 100_000, other_checks: int = 100_000, own_finished: int = 100_000
+) -> dict[str, dict[int, float]]:
+    """Median microseconds of each count in HOLDING_COUNTS (the per-client count each
+    submission adds), alternated, for a client holding 10 and 100 (the default share)
+    entries: one audit checking links that waits on 10 checks, and queued audits for the
+    rest. In the table: `others` unfinished audits of 1,000 other clients, of which some
+    wait on `other_checks` link checks in all, and `own_finished` of the client's history."""
     page = Page.objects.create(url="https://bench.example/holding", domain="bench.example")
 
-    def audits(count: int, status: str, client=lambda n: "ip:192.0.2.1") -> None:
+    def audits(count: int, status: str, client=lambda n: HOLDER) -> list[Audit]:
+        made = []
         for start in range(0, count, 10_000):
-            Audit.objects.bulk_create(
+            made += Audit.objects.bulk_create(
                 [
                     Audit(page=page, client=client(start + n), status=status)
                     for n in range(min(10_000, count - start))
                 ]
             )
+        return made
 
-    audits(others, Audit.Status.QUEUED, client=lambda n: f"ip:other-{n // 100}")
+    def checks(of: list[Audit], per_audit: int) -> None:
+        LinkCheck.objects.bulk_create(
+            (LinkCheck(audit=audit, url=f"https://bench.example/{n}") for audit in of
+             for n in range(per_audit)),
+            batch_size=10_000,
+        )  # fmt: skip
+
+    checking_others = other_checks // 50
+    audits(others - checking_others, Audit.Status.QUEUED, client=lambda n: f"ip:other-{n // 100}")
+    checks(
+        audits(
+            checking_others, Audit.Status.CHECKING_LINKS, client=lambda n: f"ip:other-{n % 1000}"
+        ),
+        50,
+    )
     audits(own_finished, Audit.Status.SUCCEEDED)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE audits_audit")
-    results = {}
+            cursor.execute("ANALYZE audits_audit, audits_linkcheck")
+    results: dict[str, dict[int, float]] = {name: {} for name in HOLDING_COUNTS}
     for held in HOLDINGS:
-        Audit.objects.filter(client="ip:192.0.2.1").exclude(status=Audit.Status.SUCCEEDED).delete()
-        audits(held, Audit.Status.QUEUED)
-        assert admission.client_holding("ip:192.0.2.1") == held
-        timings = []
-        for _ in range(500):
-            started = time.perf_counter()
-            admission.client_holding("ip:192.0.2.1")
-            timings.append(time.perf_counter() - started)
-        results[held] = statistics.median(timings) * 1e6
+        Audit.objects.filter(client=HOLDER).exclude(status=Audit.Status.SUCCEEDED).delete()
+        checks(audits(1, Audit.Status.CHECKING_LINKS), CHECKS_PER_AUDIT)
+        audits(held - CHECKS_PER_AUDIT, Audit.Status.QUEUED)
+        timings: dict[str, list[float]] = {name: [] for name in HOLDING_COUNTS}
+        for name, count in HOLDING_COUNTS.items():
+            assert count() == held, name
+        for _ in range(20):
+            for name, count in HOLDING_COUNTS.items():
+                for _ in range(25):
+                    started = time.perf_counter()
+                    count()
+                    timings[name].append(time.perf_counter() - started)
+        for name, values in timings.items():
+            results[name][held] = statistics.median(values) * 1e6
+    LinkCheck.objects.all().delete()
     Audit.objects.all().delete()
     Page.objects.all().delete()
     return results
@@ -404,16 +483,21 @@ def report(costs: dict, throughput: dict, outage: dict, holding: dict) -> str:
     lines += ["", "## POST /api/audits through the WSGI app", ""]
     median = throughput["median_ms"]
     lines.append(
-        f"{throughput['requests']} requests alternating on/off: admission on "
-        f"{throughput['on']:.0f} req/s, off {throughput['off']:.0f} req/s; admission costs "
-        f"{throughput['cost'] * 100:.1f} % of throughput (median latency "
-        f"{median['on']:.2f} ms on, {median['off']:.2f} ms off)"
+        f"{throughput['requests']} requests in turn (every order of the three): admission on {throughput['on']:.0f} req/s, "
+        f"admission with the client's holding read as before {throughput['before']:.0f} req/s, "
+        f"off {throughput['off']:.0f} req/s; admission costs {throughput['cost'] * 100:.1f} % "
+        f"of throughput (as before: {throughput['cost_before'] * 100:.1f} %); median latency "
+        f"{median['on']:.2f} ms on, {median['before']:.2f} ms as before, {median['off']:.2f} ms off"
     )
-    lines += ["", "## What a client holds (admission.client_holding, median microseconds)", ""]
+    lines += ["", "## What a client holds (median microseconds per call)", ""]
     lines.append(
-        "With 100,000 unfinished audits of other clients and 100,000 finished of its own: "
-        + ", ".join(f"holding {held}: {cost:,.0f}" for held, cost in holding.items())
+        "100,000 unfinished audits of 1,000 other clients (2,000 of them waiting on "
+        "100,000 link checks), 100,000 finished of its own; it holds one audit waiting on "
+        f"{CHECKS_PER_AUDIT} checks and queued audits for the rest."
     )
+    lines += ["", "| count | holding 10 | holding 100 |", "| --- | ---: | ---: |"]
+    for name, by_held in holding.items():
+        lines.append(f"| {name} | " + " | ".join(f"{by_held[h]:,.0f}" for h in HOLDINGS) + " |")
     lines += ["", "## Fail-fast outage: cap 20, 100 submissions at 5/s, 4 worker slots", ""]
     lines.append("| backlog count | admitted | peak backlog | audits finished meanwhile |")
     lines.append("| --- | ---: | ---: | ---: |")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -140,6 +141,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # A database that is out of connections fails the task fast (and the
     # task is retried) instead of hanging a pool process.
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
+    # psycopg prepares a statement only when asked (execute(prepare=True): the client's
+    # holding, audits.admission.PreparingCursor). Django's cursors bind client-side and
+    # never prepare; its default None would refuse the one statement that asks too.
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = sys.maxsize
+    # A prepared statement keeps its one plan for any client: PostgreSQL's default
+    # (auto) kept planning it on every call whenever the statistics made the plan for
+    # any client look dearer than the client's own, and planned it for a client with a
+    # long history as a walk of every link check (DECISIONS.md, "The client's holding is
+    # one prepared statement"). Only prepared statements have a plan cache to choose from.
+    _server_options = DATABASES["default"]["OPTIONS"].get("options", "")
+    DATABASES["default"]["OPTIONS"]["options"] = (
+        f"{_server_options} -c plan_cache_mode=force_generic_plan".strip()
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Owner-only: it holds sessions and callback URLs. SQLite gives its -wal and -shm

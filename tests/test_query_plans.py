@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import admission
-from audits.models import Audit, Page, PreviousSuccess
+from audits.models import Audit, LinkCheck, Page, PreviousSuccess
 from audits.pages import audits_listed, change_counts
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
@@ -181,20 +181,82 @@ def test_a_clients_audit_listing_reads_its_own_rows_by_index(django_user_model):
     assert "audits_audit_created_at" not in chosen, chosen  # no walk of every audit
 
 
+def prepared_plan(fragment: str, arguments: list[str], plan_cache_mode: str) -> str:
+    """PostgreSQL's plan for the one statement prepared on this connection that holds
+    `fragment`, run with `arguments`: its plan for them (force_custom_plan, what its first
+    five runs get) or the plan it may keep for any (force_generic_plan)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name FROM pg_prepared_statements WHERE position(%s in statement) > 0",
+            [fragment],
+        )
+        ((name,),) = cursor.fetchall()
+        cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+        placeholders = ", ".join(["%s"] * len(arguments))
+        cursor.execute(f"EXPLAIN EXECUTE {name}({placeholders})", arguments)
+        return "\n".join(row for (row,) in cursor.fetchall())
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("statistics", ["as they are", "fresh"])
-def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(statistics):
-    # Every submission counts its client's unfinished audits (audits.admission): a probe
-    # of the partial index, never a walk of the client's finished history.
+def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
+    statistics, plan_cache_mode
+):
+    # Every submission counts its client's unfinished audits (audits.admission) with a
+    # statement prepared once per connection: a probe of the partial index, never a walk
+    # of the client's finished history, whether planned for its client or for any; and
+    # the link checks of its audits checking links read through their own index, never
+    # every check of every client (the plan PostgreSQL may keep, force_generic_plan).
     succeeded_audits_of_other_pages(2000)
     Audit.objects.filter(status=Audit.Status.SUCCEEDED).update(client="ip:192.0.2.1")
     page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
-    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    for n in range(40):
+        Audit.objects.create(page=page, task_id=f"queued-{n}", client="ip:192.0.2.1")
+    checking = Audit.objects.create(
+        page=page, task_id="checking", client="ip:192.0.2.1", status=Audit.Status.CHECKING_LINKS
+    )
+    LinkCheck.objects.bulk_create(
+        LinkCheck(audit=checking, url=f"http://127.0.0.1:9/{n}") for n in range(3)
+    )
+    others = Audit.objects.bulk_create(
+        Audit(page=page, task_id=f"other-{n}", client=f"ip:192.0.2.{n % 50 + 2}",
+              status=Audit.Status.CHECKING_LINKS)
+        for n in range(400)
+    )  # fmt: skip
+    LinkCheck.objects.bulk_create(
+        (
+            LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}")
+            for audit in others
+            for n in range(50)
+        ),
+        batch_size=5000,
+    )
     if statistics == "fresh":
         analyze("audits_audit", "audits_linkcheck")
 
-    with CaptureQueriesContext(connection) as queries:
-        assert admission.client_holding("ip:192.0.2.1") == 1
+    assert admission.client_holding("ip:192.0.2.1") == 40 + 3
 
-    chosen = plan(queries, '"audits_audit"."client"')
+    client = ["ip:192.0.2.1"] * 2  # the statement names it twice
+    chosen = prepared_plan('"audits_audit"."client" = $1', client, plan_cache_mode)
     assert "audit_client_unfinished_idx" in chosen, chosen
     assert "Seq Scan on audits_audit" not in chosen, chosen
+    if plan_cache_mode == "force_generic_plan":
+        assert "Seq Scan on audits_linkcheck" not in chosen, chosen
+
+
+def test_a_client_s_holding_is_planned_once_for_every_client():
+    # settings: plan_cache_mode=force_generic_plan. Under PostgreSQL's default the
+    # statement was planned again on every call whenever its statistics made the plan for
+    # any client look dearer than each client's own (bench/admission.py).
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
+    for n in range(6):
+        admission.client_holding(f"ip:192.0.2.{n % 2 + 1}")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE position(%s in statement) > 0",
+            ['"audits_audit"."client" = $1'],
+        )
+        assert cursor.fetchall() == [(6, 0)]
