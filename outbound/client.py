@@ -2,12 +2,11 @@
 
 `build_client` makes the httpx client, and `shared_client` keeps one per process and
 settings for every caller (page fetches, link checks, webhook deliveries): the SSRF
-guard at connect time (every
-connection, so every redirect hop, unless AUDIT_ALLOW_PRIVATE_TARGETS), one TLS
-context per process, a timeout that is also each exchange's whole deadline (connect,
-headers and body), a cap on the decoded body and on stacked content codings
-(`outbound.bounded`), Plumb's user agent, no automatic redirects (the one redirect
-loop is `outbound.redirects`).
+guard at connect time (every connection, so every redirect hop, unless
+AUDIT_ALLOW_PRIVATE_TARGETS), one TLS context per process, a timeout that is also each
+exchange's whole deadline (connect, headers and body), a cap on the decoded body and on
+stacked content codings (`outbound.bounded`), Plumb's user agent, no automatic redirects
+(the one redirect loop is `outbound.redirects`), and no cookie kept (`NoCookies`).
 
 `OutboundClient.send` asks admission about the call's bucket before making it,
 records what the response says about the bucket (`ratelimit.responses`), sleeps
@@ -20,6 +19,7 @@ that reaches a downstream, or fails trying, is one downstream request in the met
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import logging
 import os
 import ssl
@@ -61,6 +61,20 @@ METRIC_OUTCOMES = {
 }
 
 _tls: tuple[int, ssl.SSLContext] | None = None
+
+
+class NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing. A process's client is shared by every audit, link
+    check and delivery, whoever asked for it: a cookie one client's audit was given would
+    go with another client's next fetch of that site, and what a page shows would depend
+    on which audits came before. A crawler's view is a cookieless one (Googlebot sends
+    none), and not parsing Set-Cookie saves each answer's cookie handling."""
+
+    def extract_cookies(self, response, request) -> None:
+        return None
+
+    def set_cookie(self, cookie) -> None:
+        return None
 
 
 def tls_context() -> ssl.SSLContext:
@@ -111,6 +125,7 @@ def build_client(
         ),
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
+        cookies=NoCookies(),
         headers={
             "User-Agent": user_agent,
             "Accept": ACCEPT,

@@ -164,3 +164,21 @@ def test_urls_are_normalized(raw, expected):
 def test_bad_urls_are_refused_with_a_reason(raw):
     with pytest.raises(InvalidURL):
         normalize_url(raw)
+
+
+def test_no_fetch_carries_a_cookie_an_earlier_one_was_given(http_server):
+    # One process's client serves every client's audits: a cookie set for one audit must
+    # not go with the next fetch of that site, nor along its own redirect.
+    seen: list[str | None] = []
+
+    def respond(request):
+        seen.append(request.headers.get("Cookie"))
+        if request.path == "/hop":
+            return 302, {"Location": "/page", "Set-Cookie": "hop=1; Path=/"}, b""
+        return 200, {"Content-Type": "text/html", "Set-Cookie": "session=abc; Path=/"}, b"<p>x"
+
+    server = http_server(respond=respond)
+    fetch(f"{server.url}/page")
+    page = fetch(f"{server.url}/hop")
+    assert page.final_url == f"{server.url}/page"
+    assert seen == [None, None, None]
