@@ -139,6 +139,15 @@ class SentinelGroup:
         }
 
     def start(self, wait: float = 20.0) -> SentinelGroup:
+        """Start the group and wait until it is ready; a group that does not get there
+        stops what it started before raising (its caller has nothing to stop)."""
+        try:
+            return self._start(wait)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, wait: float) -> SentinelGroup:
         primary, *replicas = self.redis_ports
         self._start_redis(primary)
         for replica in replicas:

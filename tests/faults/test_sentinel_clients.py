@@ -89,3 +89,13 @@ def test_scripts_and_pipelines_run_on_a_new_master_without_its_script_cache(grou
     assert pipe.execute() == [2]
     assert COUNT_LUA(keys=["counted"], client=client) == 3  # EVALSHA, NOSCRIPT, loaded
     assert group.client(new_master).get("counted") == b"3"
+
+
+def test_a_group_that_does_not_get_ready_leaves_no_server_running(tmp_path):
+    # With no time to wait, the group starts its servers and times out waiting for the
+    # replica: what it started must not outlive the failure (no caller holds it to stop).
+    group = SentinelGroup(tmp_path)
+    with pytest.raises(RuntimeError, match="timed out"):
+        group.start(wait=0)
+    assert group.processes
+    assert all(process.poll() is not None for process in group.processes.values())
