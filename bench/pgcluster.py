@@ -110,6 +110,15 @@ class PgCluster:
         self.servers = [server for server in (self.primary, self.replica) if server]
 
     def start(self) -> PgCluster:
+        """Initialise and start the primary (and its replica, in sync); a cluster that does
+        not get there is closed before raising (its caller has nothing to close)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> PgCluster:
         _as_postgres([str(PG_BIN / "initdb"), "-D", str(self.primary.data_dir), "-U", OS_USER,
                       "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])  # fmt: skip
         self.primary.start()
