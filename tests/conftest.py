@@ -10,7 +10,7 @@ from devstack.demo_site import DemoSite
 from tests import database
 from tests.http_server import Answer, LocalServer, QuietHandler, Scripted
 from tests.private_redis import PrivateRedis
-from tests.workers import WorkerProcess
+from tests.workers import TEST_WORKER_ENV, WorkerProcess
 
 # A committing test empties the tables with DELETEs instead of Django's flush (tests/database.py).
 database.install()
@@ -87,7 +87,7 @@ def redis_client(_empty_redis):
     client.close()
 
 
-def _worker_starter(started: list[WorkerProcess], **defaults):
+def _worker_starter(started: list[WorkerProcess]):
     def start(
         queue: str,
         *,
@@ -96,10 +96,12 @@ def _worker_starter(started: list[WorkerProcess], **defaults):
         env: dict | None = None,
         options: list[str] | None = None,
     ) -> WorkerProcess:
-        # As in the test process (_no_slow_start): tests that want the slow start say so.
-        env = {"PAGE_FETCH_WARMUP_RATE": "0", **defaults, **(env or {})}
         worker = WorkerProcess(
-            queue, concurrency=concurrency, pool=pool, env=env, options=options
+            queue,
+            concurrency=concurrency,
+            pool=pool,
+            env={**TEST_WORKER_ENV, **(env or {})},
+            options=options,
         ).start()
         started.append(worker)
         return worker
@@ -109,7 +111,9 @@ def _worker_starter(started: list[WorkerProcess], **defaults):
 
 @pytest.fixture
 def start_worker(transactional_db, redis_client):
-    """Start real `celery worker` subprocesses: start_worker("audits", env={...})."""
+    """Start real `celery worker` subprocesses of the test's own, ended when it ends:
+    start_worker("audits", env={...}). For a test that kills its worker or watches what a
+    start does; tests that can share one ask for a `module_worker` (tests/workers.py)."""
     started: list[WorkerProcess] = []
     yield _worker_starter(started)
     for worker in started:
@@ -117,20 +121,20 @@ def start_worker(transactional_db, redis_client):
 
 
 @pytest.fixture(scope="module")
-def start_module_worker(django_db_setup):
-    """start_worker for a whole module: a worker started once and shared by its tests, for
-    a module whose tests use the same kind of worker and none kills or reconfigures it
-    (a start costs 3-4 s). A test using one asks for `transactional_db` itself; the
-    per-test Redis flush and table truncation happen under the running worker, which
-    consumes the next test's messages as it did the first's.
-
-    Its reconciler ticks once, at the start: a tick after a flush finds its mark gone and
-    publishes again everything owed (Redis "came back empty"), which a test counting
-    attempts or requests would see. Reconciling is the fault tests' subject, not these."""
-    started: list[WorkerProcess] = []
-    yield _worker_starter(started, RECONCILE_INTERVAL_SECONDS=str(24 * 3600))
-    for worker in started:
+def kept_workers():
+    """The module's running `module_worker`s, by fixture name, ended with the module."""
+    kept: dict[str, WorkerProcess] = {}
+    yield kept
+    for worker in kept.values():
         worker.end()
+
+
+@pytest.fixture(autouse=True)
+def _only_requested_workers(request, kept_workers):
+    """A module's shared worker runs only during the tests that ask for it: another test's
+    messages, or a test's own worker beside it, are not its to take."""
+    for name in [name for name in kept_workers if name not in request.fixturenames]:
+        kept_workers.pop(name).end()
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """A webhooks worker's retries against receivers that fail, refuse or ask it to wait: one
-worker with fast retries, shared by the module's tests (none kills or reconfigures it, and
-no other test of the module starts one beside it to take its messages)."""
+worker with fast retries, shared by the module's tests."""
 
 from __future__ import annotations
 
@@ -10,15 +9,14 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.receiver import Receiver
-from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
-from tests.workers import wait_for
+from tests.webhook_helpers import FAST_RETRIES, delivery, schedule
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def fast_retrying_worker(start_module_worker):
-    return start_webhooks_worker(start_module_worker, **FAST_RETRIES)
+# A webhooks worker as deployed (thread pool, concurrency from its own settings).
+fast_retrying_worker = module_worker("webhooks", concurrency=None, pool="threads", env=FAST_RETRIES)
 
 
 @pytest.fixture
@@ -26,9 +24,7 @@ def receiver(http_server):
     return lambda respond: http_server(Receiver(respond))
 
 
-def test_a_failing_receiver_gets_retries_with_the_same_webhook_id(
-    receiver, fast_retrying_worker, transactional_db
-):
+def test_a_failing_receiver_gets_retries_with_the_same_webhook_id(receiver, fast_retrying_worker):
     hook = receiver(lambda at, number: 503 if number < 2 else 200)
     row = schedule(hook.url)
     wait_for(lambda: delivery(row).status == "delivered", timeout=30, message="the delivery")
@@ -37,7 +33,7 @@ def test_a_failing_receiver_gets_retries_with_the_same_webhook_id(
     assert delivery(row).attempts == 3
 
 
-def test_a_4xx_fails_the_delivery_at_once(receiver, fast_retrying_worker, transactional_db):
+def test_a_4xx_fails_the_delivery_at_once(receiver, fast_retrying_worker):
     hook = receiver(lambda at, number: 410)
     row = schedule(hook.url)
     wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
@@ -48,7 +44,7 @@ def test_a_4xx_fails_the_delivery_at_once(receiver, fast_retrying_worker, transa
     assert delivery(row).attempts == 1 and delivery(row).last_status_code == 410
 
 
-def test_a_receivers_retry_after_is_obeyed(receiver, fast_retrying_worker, transactional_db):
+def test_a_receivers_retry_after_is_obeyed(receiver, fast_retrying_worker):
     hook = receiver(lambda at, number: (429, {"Retry-After": "3"}) if number == 0 else 200)
     # FAST_RETRIES: backoff alone would retry in 0.1 s.
     row = schedule(hook.url)
@@ -59,7 +55,7 @@ def test_a_receivers_retry_after_is_obeyed(receiver, fast_retrying_worker, trans
 
 
 def test_a_receiver_asking_for_longer_than_the_bound_fails_the_delivery_saying_so(
-    receiver, fast_retrying_worker, transactional_db
+    receiver, fast_retrying_worker
 ):
     # Before RATELIMIT_MAX_WAIT_SECONDS, the delivery waited in the store until 2058.
     hook = receiver(lambda at, number: (503, {"Retry-After": "999999999"}))

@@ -18,10 +18,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every test worker's settings unless a test says otherwise. As in the test process
+# (conftest's _no_slow_start): tests that want the page slow start ask for it.
+TEST_WORKER_ENV = {"PAGE_FETCH_WARMUP_RATE": "0"}
+
+# A worker shared by a module's tests reconciles once, when it starts. Each test flushes
+# Redis under it, and a later tick would find its mark gone and publish again everything
+# owed (Redis "came back empty"): a second message for the test's rows, which a test
+# counting attempts or requests would see. Reconciling is the fault tests' subject; they
+# start workers of their own.
+SHARED_WORKER_ENV = {**TEST_WORKER_ENV, "RECONCILE_INTERVAL_SECONDS": str(24 * 3600)}
 
 
 def database_url_for_workers() -> str:
@@ -101,6 +113,15 @@ class WorkerProcess:
     def output(self) -> str:
         return "".join(self.lines[-200:])
 
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def hand_over(self) -> WorkerProcess:
+        """The worker for the next test of its module: its output starts afresh, so what the
+        test reads in it is its own."""
+        self.lines.clear()
+        return self
+
     def children(self) -> list[int]:
         result = subprocess.run(
             ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
@@ -133,6 +154,39 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+
+
+def module_worker(
+    queue: str,
+    *,
+    concurrency: int | None = 1,
+    pool: str | None = None,
+    env: dict | None = None,
+    options: list[str] | None = None,
+):
+    """A fixture: one worker started for the module's tests that ask for it by this
+    fixture's name (`audits_worker = module_worker("audits")`), instead of one a test.
+
+    It runs only while such tests run: before a test that does not ask for it, the
+    `_only_requested_workers` fixture ends it, and the next test that does starts it
+    again. Order a module's tests so those sharing it are together. A test that kills
+    it gets a new one in the next test. Each test starts from an empty database and Redis
+    under the running worker, which consumes the next test's messages as it did the
+    first's. Tests that kill a worker, or watch what a start does, use `start_worker`."""
+    settings_env = {**SHARED_WORKER_ENV, **(env or {})}
+
+    @pytest.fixture
+    def worker(request, transactional_db, redis_client, kept_workers) -> WorkerProcess:
+        kept = kept_workers.get(request.fixturename)
+        if kept is not None and kept.running():
+            return kept.hand_over()
+        started = WorkerProcess(
+            queue, concurrency=concurrency, pool=pool, env=settings_env, options=options
+        ).start()
+        kept_workers[request.fixturename] = started
+        return started
+
+    return worker
 
 
 def wait_for(
