@@ -14,13 +14,16 @@ from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.tasks import NIGHT_TASKS, place
 from tests.broker import backlog, held, queued
 from tests.reaudit_factories import DAY, domain_due_between, due_at, make_pages
-from tests.workers import reaudit_as_make_run, wait_for
+from tests.workers import module_worker, reaudit_as_make_run, wait_for
 
 pytestmark = pytest.mark.slow
 
+# A reaudit worker as `make run` starts it, shared by the tests that neither kill nor stop it.
+reaudit_worker = module_worker("reaudit", **reaudit_as_make_run())
+
 
 def start_reaudit(start_worker, **options):
-    """A reaudit worker as `make run` starts it."""
+    """A reaudit worker of the test's own, as `make run` starts it."""
     return start_worker("reaudit", **reaudit_as_make_run(), **options)
 
 
@@ -50,12 +53,12 @@ def assert_one_reaudit_per_page_each_at_or_after_its_offset(night: FanOut) -> No
 
 
 def test_a_short_night_places_every_page_once_spaced_and_each_at_or_after_its_offset(
-    site, start_worker, redis_client
+    site, reaudit_worker, start_worker, redis_client
 ):
     make_pages({"alpha.test": 3, "beta.test": 2, "gamma.test": 1}, base_url=site.base_url)
     make_pages({"unmarked.test": 2}, base_url=site.base_url, marked=False)
     start_worker("audits", concurrency=2)
-    reaudit = start_reaudit(start_worker)
+    reaudit = reaudit_worker
 
     night = services.fan_out(
         DAY, window_seconds=6, slice_seconds=2, spacing_seconds=1, night_tasks=NIGHT_TASKS
@@ -90,10 +93,10 @@ def test_a_short_night_places_every_page_once_spaced_and_each_at_or_after_its_of
 
 
 def test_a_second_fan_out_and_a_placement_delivered_twice_leave_one_audit_per_page(
-    start_worker, redis_client
+    reaudit_worker, redis_client
 ):
     pages = make_pages({"alpha.test": 2, "beta.test": 2})
-    reaudit = start_reaudit(start_worker)
+    reaudit = reaudit_worker
 
     night = services.fan_out(
         DAY, window_seconds=3, slice_seconds=1, spacing_seconds=0.5, night_tasks=NIGHT_TASKS
@@ -129,14 +132,14 @@ def test_a_second_fan_out_and_a_placement_delivered_twice_leave_one_audit_per_pa
 
 
 def test_placements_due_hours_ahead_are_not_in_the_audit_backlog_nor_held_by_a_worker(
-    start_worker, redis_client
+    reaudit_worker, redis_client
 ):
     window, slice_seconds = 6 * 3600, 60
     soon = domain_due_between(0, 2, window=window)
     make_pages({soon: 1})
     later = [domain_due_between(3600 * h, 3600 * h + 1800, window=window) for h in range(1, 6)]
     make_pages({domain: 20 for domain in later})
-    reaudit = start_reaudit(start_worker)
+    reaudit = reaudit_worker
 
     night = services.fan_out(
         DAY,
