@@ -1,4 +1,6 @@
-"""Submissions over HTTP, run by real Celery workers on the real Redis."""
+"""Submissions over HTTP, run by real Celery workers on the real Redis: one audits worker
+(four slots, fast retries), shared by the module's tests but the one that needs a lower
+attempt limit, which starts its own."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import pytest
 from audits.models import Audit
 from devstack.demo_site import DEMO_PATHS
 from tests.submitting import post_audit
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
+
+# Four slots (the demo's pages side by side); a retry 0.2 s after a failure (x0.75-1.25).
+audits_worker = module_worker("audits", concurrency=4, env={"RETRY_BACKOFF_BASE_SECONDS": "0.2"})
 
 
 def read(live_server, audit: dict) -> dict:
@@ -28,8 +33,8 @@ def finished(live_server, audit: dict, timeout: float = 30.0, show=()) -> dict:
     )  # fmt: skip
 
 
-def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
-    worker = start_worker("audits")
+def test_a_submitted_audit_is_run_by_a_worker(live_server, site, audits_worker):
+    worker = audits_worker
     audit = post_audit(live_server.url, f"{site.base_url}/redirect", expect=202).json()
     done = finished(live_server, audit, show=[worker])
     assert done["status"] == "succeeded"
@@ -39,8 +44,8 @@ def test_a_submitted_audit_is_run_by_a_worker(live_server, site, start_worker):
     assert done["started_at"] and done["finished_at"]
 
 
-def test_a_500_is_retried_until_the_page_recovers(live_server, site, start_worker):
-    worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.2"})
+def test_a_500_is_retried_until_the_page_recovers(live_server, site, audits_worker):
+    worker = audits_worker
     audit = post_audit(
         live_server.url, f"{site.base_url}/flaky?key=worker&fail=2", expect=202
     ).json()
@@ -58,7 +63,32 @@ def test_a_500_is_retried_until_the_page_recovers(live_server, site, start_worke
     assert site.flaky_counts["worker"] == 3
 
 
+def test_a_4xx_page_succeeds_and_reports_it_without_retrying(live_server, site, audits_worker):
+    done = finished(
+        live_server, post_audit(live_server.url, f"{site.base_url}/missing", expect=202).json()
+    )
+    assert done["status"] == "succeeded"
+    assert done["result"]["status_code"] == 404
+    assert done["attempts"] == 1
+
+
+def test_every_demo_page_is_audited_successfully_on_its_first_attempt(
+    live_server, site, audits_worker
+):
+    # What `make demo` submits, through the same API, to a worker with four slots.
+    worker = audits_worker
+    audits = [
+        post_audit(live_server.url, f"{site.base_url}{path}", expect=202).json()
+        for path in DEMO_PATHS
+    ]
+    done = [finished(live_server, audit, timeout=60, show=[worker]) for audit in audits]
+    assert [(body["status"], body["attempts"]) for body in done] == [("succeeded", 1)] * len(
+        DEMO_PATHS
+    ), worker.output()
+
+
 def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site, start_worker):
+    # A worker of its own: the attempt limit of two would fail the shared one's flaky page.
     start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "2"})
     audit = post_audit(
         live_server.url, f"{site.base_url}/flaky?key=never&fail=100", expect=202
@@ -71,28 +101,3 @@ def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site,
     # most x1.25 jitter, then the delayed store's 0.25 s poll): a second is past it.
     time.sleep(1)
     assert site.flaky_counts["never"] == 2
-
-
-def test_a_4xx_page_succeeds_and_reports_it_without_retrying(live_server, site, start_worker):
-    start_worker("audits")
-    done = finished(
-        live_server, post_audit(live_server.url, f"{site.base_url}/missing", expect=202).json()
-    )
-    assert done["status"] == "succeeded"
-    assert done["result"]["status_code"] == 404
-    assert done["attempts"] == 1
-
-
-def test_every_demo_page_is_audited_successfully_on_its_first_attempt(
-    live_server, site, start_worker
-):
-    # What `make demo` submits, through the same API, to workers as `make run` starts them.
-    worker = start_worker("audits", concurrency=4)
-    audits = [
-        post_audit(live_server.url, f"{site.base_url}{path}", expect=202).json()
-        for path in DEMO_PATHS
-    ]
-    done = [finished(live_server, audit, timeout=60, show=[worker]) for audit in audits]
-    assert [(body["status"], body["attempts"]) for body in done] == [("succeeded", 1)] * len(
-        DEMO_PATHS
-    ), worker.output()
