@@ -1,4 +1,6 @@
-"""Dead letters: tasks out of attempts, malformed messages, and replaying them."""
+"""Dead letters: tasks out of attempts, malformed messages, and replaying them. One audits
+worker (fast retries, three attempts) is shared by the tests that read what it dead-letters;
+the replay test, which needs a single attempt, starts its own."""
 
 from __future__ import annotations
 
@@ -18,9 +20,13 @@ from config.celery_app import app
 from jobs.management.commands.replay_dead_letters import parse_since
 from jobs.models import DeadLetter
 from tests.submitting import submit
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
+
+dead_lettering_worker = module_worker(
+    "audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "3"}
+)
 
 
 def finished(audit: Audit, timeout: float = 30.0) -> Audit:
@@ -30,8 +36,9 @@ def finished(audit: Audit, timeout: float = 30.0) -> Audit:
     )  # fmt: skip
 
 
-def test_an_audit_out_of_attempts_is_dead_lettered_and_fails_with_the_reason(site, start_worker):
-    start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "3"})
+def test_an_audit_out_of_attempts_is_dead_lettered_and_fails_with_the_reason(
+    site, dead_lettering_worker
+):
     audit = submit(f"{site.base_url}/flaky?key=dead&fail=100")
     done = finished(audit)
     assert done.status == "failed"
@@ -66,9 +73,9 @@ def task_headers(name: str, task_id: str) -> dict:
 
 
 def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
-    site, start_worker, redis_client
+    site, dead_lettering_worker, redis_client
 ):
-    worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1"})
+    worker = dead_lettering_worker
     good_body = json.dumps([[str(uuid.uuid4())], {}, {}])
     ids = {case: str(uuid.uuid4()) for case in range(12)}
     # Undecodable, or not a task message at all: the worker cannot even start them.
@@ -133,7 +140,30 @@ def test_malformed_messages_are_dead_lettered_on_their_first_delivery(
     assert "task.retry" not in worker.output()
 
 
+def test_an_entry_that_is_not_a_message_is_dead_lettered_and_the_worker_lives_on(
+    site, dead_lettering_worker, redis_client
+):
+    # Unpatched kombu stops the worker on the first of these ("Unrecoverable error").
+    worker = dead_lettering_worker
+    entries = [
+        b"this is not json",
+        b'{"body": "no properties"}',
+        b'{"body": "x", "properties": {"delivery_tag": "t", "body_encoding": "base64"}}',
+    ]
+    for entry in entries:
+        redis_client.lpush(settings.AUDIT_QUEUE, entry)
+    wait_for(lambda: DeadLetter.objects.count() == 3, timeout=20, message="three dead letters")
+    problems = sorted(DeadLetter.objects.values_list("exception", flat=True))
+    assert all(problem.startswith("not a message envelope: ") for problem in problems)
+    assert any("JSONDecodeError" in problem for problem in problems)
+    assert DeadLetter.objects.filter(raw_message__contains="this is not json").exists()
+
+    audit = submit(f"{site.base_url}/")
+    assert finished(audit).status == "succeeded", worker.output()
+
+
 def test_replay_from_the_admin_runs_the_audit_again(site, start_worker, admin_client):
+    # A worker of its own: one attempt, so the flaky page's first failure is final.
     start_worker("audits", env={"AUDIT_MAX_ATTEMPTS": "1"})
     audit = submit(f"{site.base_url}/flaky?key=replay&fail=1")
     assert finished(audit).status == "failed"
@@ -203,25 +233,3 @@ def test_since_reads_durations_and_dates():
     assert timezone.now() - parse_since("90m") - timedelta(minutes=90) < timedelta(seconds=5)
     assert parse_since("2026-12-01").isoformat() == "2026-12-01T00:00:00+00:00"
     assert parse_since("2026-12-01T08:30+01:00").isoformat() == "2026-12-01T08:30:00+01:00"
-
-
-def test_an_entry_that_is_not_a_message_is_dead_lettered_and_the_worker_lives_on(
-    site, start_worker, redis_client
-):
-    # Unpatched kombu stops the worker on the first of these ("Unrecoverable error").
-    worker = start_worker("audits")
-    entries = [
-        b"this is not json",
-        b'{"body": "no properties"}',
-        b'{"body": "x", "properties": {"delivery_tag": "t", "body_encoding": "base64"}}',
-    ]
-    for entry in entries:
-        redis_client.lpush(settings.AUDIT_QUEUE, entry)
-    wait_for(lambda: DeadLetter.objects.count() == 3, timeout=20, message="three dead letters")
-    problems = sorted(DeadLetter.objects.values_list("exception", flat=True))
-    assert all(problem.startswith("not a message envelope: ") for problem in problems)
-    assert any("JSONDecodeError" in problem for problem in problems)
-    assert DeadLetter.objects.filter(raw_message__contains="this is not json").exists()
-
-    audit = submit(f"{site.base_url}/")
-    assert finished(audit).status == "succeeded", worker.output()
