@@ -1,4 +1,8 @@
-"""Real workers count attempts, retries, completions and queue wait, and log each task."""
+"""Real workers count attempts, retries, completions and queue wait, and log each task.
+
+The two tests that count a worker's audits share one audits worker (two slots, fast retries,
+JSON logs). The attempt-limit test needs a limit of its own; the sampler and housekeeping
+tests watch what a fresh worker does by itself, so each starts its own."""
 
 from __future__ import annotations
 
@@ -13,11 +17,15 @@ from observability.collector import exposition
 from observability.series import stats
 from tests.submitting import submit
 from tests.test_metrics import scrape
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
 TASK = (("task", "audits.run_audit"),)
+
+counting_worker = module_worker(
+    "audits", concurrency=2, env={"RETRY_BACKOFF_BASE_SECONDS": "0.2", "LOG_FORMAT": "json"}
+)
 
 
 def finished(audit: Audit, worker, timeout: float = 40) -> Audit:
@@ -32,8 +40,8 @@ def json_events(worker) -> list[dict]:
     return [json.loads(line) for line in worker.lines if line.startswith("{")]
 
 
-def test_a_flaky_audit_counts_its_attempts_retries_and_one_completion(site, start_worker):
-    worker = start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.2", "LOG_FORMAT": "json"})
+def test_a_flaky_audit_counts_its_attempts_retries_and_one_completion(site, counting_worker):
+    worker = counting_worker
     audit = finished(submit(f"{site.base_url}/flaky?key=metrics&fail=2"), worker)
     assert audit.status == "succeeded" and audit.attempts == 3
 
@@ -86,7 +94,42 @@ def test_a_flaky_audit_counts_its_attempts_retries_and_one_completion(site, star
     ]  # fmt: skip
 
 
+def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_and_one_robots_txt(
+    site, counting_worker, admin_client
+):
+    worker = counting_worker
+    audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(10)]
+    for audit in audits:
+        assert finished(audit, worker).status == "succeeded"
+    wait_for(
+        lambda: scrape().get(("plumb_task_completions_total", TASK)) == 10,
+        timeout=10, message="ten completions",
+    )  # fmt: skip
+
+    # One request a page, and the host's robots.txt read once for all ten (the robots-txt
+    # and is-crawlable findings: once per host per ROBOTS_FRESH_SECONDS).
+    assert site.hits["/robots.txt"] == 1
+    # /api/stats (and the dashboard, which draws the same numbers).
+    totals = admin_client.get("/api/stats").json()["totals"]
+    assert (totals["unique_jobs"], totals["downstream_requests"]) == (10, 11)
+    assert (totals["completions"], totals["amplification"]) == (10, 1.1)
+    dashboard = admin_client.get("/dashboard/").content.decode()
+    assert '<b data-total="amplification">1.1×</b>' in dashboard
+    assert '<b data-total="completions">10</b>' in dashboard
+    # The README's PromQL: downstream requests over first attempts (one per job).
+    samples = scrape()
+    requests = sum(
+        v for (name, _), v in samples.items() if name == "plumb_downstream_requests_total"
+    )
+    first_attempts = sum(
+        v for (name, _), v in samples.items() if name == "plumb_task_first_attempts_total"
+    )
+    assert (requests, first_attempts) == (11, 10)
+    assert round(requests / first_attempts, 2) == 1.10
+
+
 def test_an_audit_out_of_attempts_counts_a_failure_not_a_completion(site, start_worker):
+    # A worker of its own: the shared one's attempt limit (5) would not fail the audit at 2.
     worker = start_worker(
         "audits", env={"RETRY_BACKOFF_BASE_SECONDS": "0.1", "AUDIT_MAX_ATTEMPTS": "2"}
     )
@@ -128,37 +171,3 @@ def test_housekeeping_is_not_counted_and_an_idle_stack_shows_no_jobs(start_worke
     assert (totals["completions"], totals["unique_jobs"], totals["first_attempts"]) == (0, 0, 0)
     samples = scrape()
     assert not [key for key in samples if key[0] == "plumb_task_attempts_total"]
-
-
-def test_ten_audits_of_pages_without_links_are_ten_jobs_ten_requests_and_one_robots_txt(
-    site, start_worker, admin_client
-):
-    worker = start_worker("audits", concurrency=2)
-    audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(10)]
-    for audit in audits:
-        assert finished(audit, worker).status == "succeeded"
-    wait_for(
-        lambda: scrape().get(("plumb_task_completions_total", TASK)) == 10,
-        timeout=10, message="ten completions",
-    )  # fmt: skip
-
-    # One request a page, and the host's robots.txt read once for all ten (the robots-txt
-    # and is-crawlable findings: once per host per ROBOTS_FRESH_SECONDS).
-    assert site.hits["/robots.txt"] == 1
-    # /api/stats (and the dashboard, which draws the same numbers).
-    totals = admin_client.get("/api/stats").json()["totals"]
-    assert (totals["unique_jobs"], totals["downstream_requests"]) == (10, 11)
-    assert (totals["completions"], totals["amplification"]) == (10, 1.1)
-    dashboard = admin_client.get("/dashboard/").content.decode()
-    assert '<b data-total="amplification">1.1×</b>' in dashboard
-    assert '<b data-total="completions">10</b>' in dashboard
-    # The README's PromQL: downstream requests over first attempts (one per job).
-    samples = scrape()
-    requests = sum(
-        v for (name, _), v in samples.items() if name == "plumb_downstream_requests_total"
-    )
-    first_attempts = sum(
-        v for (name, _), v in samples.items() if name == "plumb_task_first_attempts_total"
-    )
-    assert (requests, first_attempts) == (11, 10)
-    assert round(requests / first_attempts, 2) == 1.10
