@@ -3,6 +3,11 @@
 Every kind of wait an audit can be in is owed a worker slot and counted: a short retry
 countdown, a long retry, a breaker park, a rate-limit deferral, a busy host. Work
 scheduled hours ahead on the `reaudit` queue is not.
+
+The tests that need no setting of their own share one audits worker (one slot, retries
+1.5-2.5 s after a failure); the one that leaves an audit running when it ends comes last
+of them, so the harness ends that worker before the next test. The others start their
+own: a retry backoff, concurrency or pool of their own, or the `reaudit` queue.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from jobs.breakers import FAILURE, Breaker
 from outbound.urls import origin_key
 from tests.fake_github import LinkedPage
 from tests.submitting import submit
-from tests.workers import reaudit_as_make_run, wait_for
+from tests.workers import module_worker, reaudit_as_make_run, wait_for
 
 pytestmark = pytest.mark.slow
+
+one_slot_worker = module_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "2"})
 
 
 def backlog_snapshot() -> BacklogSnapshot:
@@ -63,29 +70,6 @@ def test_it_counts_an_audit_in_retry_backoff(site, start_worker, redis_client):
     assert backlog_snapshot().backlog == 1
 
 
-def test_a_running_audit_is_not_counted_and_a_waiting_one_is(site, start_worker):
-    start_worker("audits", concurrency=1)
-    running = submit(f"{site.base_url}/slow?delay=4")
-    wait_for(lambda: status_of(running) == "running", timeout=20, message="the audit to start")
-    submit(f"{site.base_url}/slow?delay=0")
-
-    snapshot_becomes(BacklogSnapshot(waiting=1, retrying=0, running=1))
-    assert backlog_snapshot().backlog == 1
-
-
-def test_a_due_retry_moves_from_retrying_to_running_without_being_counted_twice(site, start_worker):
-    start_worker("audits", env={"RETRY_BACKOFF_BASE_SECONDS": "2"})
-    audit = submit(f"{site.base_url}/flaky?key=due&fail=1&delay=3")
-
-    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=0))
-    # The retry comes due (1.5-2.5 s), is picked up and runs for 3 s: counted as
-    # running, and no longer as backlog.
-    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=1))
-    wait_for(lambda: status_of(audit) == "succeeded", timeout=20, message="the retry to succeed")
-    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=0))
-    assert Audit.objects.get(id=audit.id).attempts == 2
-
-
 def test_work_scheduled_hours_ahead_on_the_reaudit_queue_is_not_counted(start_worker, redis_client):
     start_worker("reaudit", **reaudit_as_make_run())
     three_hours = 3 * 3600
@@ -122,8 +106,21 @@ def test_a_retry_queued_behind_waiting_work_is_counted_once(site, start_worker):
     snapshot_becomes(BacklogSnapshot(waiting=2, retrying=0, running=1))
 
 
-def test_it_counts_a_retry_too_long_to_hold_as_a_countdown(site, start_worker, redis_client):
-    start_worker("audits")
+def test_a_due_retry_moves_from_retrying_to_running_without_being_counted_twice(
+    site, one_slot_worker
+):
+    audit = submit(f"{site.base_url}/flaky?key=due&fail=1&delay=3")
+
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=1, running=0))
+    # The retry comes due (1.5-2.5 s), is picked up and runs for 3 s: counted as
+    # running, and no longer as backlog.
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=1))
+    wait_for(lambda: status_of(audit) == "succeeded", timeout=20, message="the retry to succeed")
+    snapshot_becomes(BacklogSnapshot(waiting=0, retrying=0, running=0))
+    assert Audit.objects.get(id=audit.id).attempts == 2
+
+
+def test_it_counts_a_retry_too_long_to_hold_as_a_countdown(site, one_slot_worker, redis_client):
     audit = submit(f"{site.base_url}/busy?key=long&fail=5&retry_after=900")
 
     wait_for(lambda: stored_waits() == ["retry"], timeout=20, message="the stored retry")
@@ -133,12 +130,11 @@ def test_it_counts_a_retry_too_long_to_hold_as_a_countdown(site, start_worker, r
     assert redis_client.hlen("unacked:audits") == 0
 
 
-def test_it_counts_audits_parked_by_an_open_breaker(site, start_worker, settings, redis_client):
+def test_it_counts_audits_parked_by_an_open_breaker(site, one_slot_worker, settings, redis_client):
     settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 600
     breaker = Breaker("audits.run_audit", origin_key(site.base_url))
     for _ in range(2):
         breaker.record(breaker.acquire(), FAILURE)
-    start_worker("audits")
     audits = [submit(f"{site.base_url}/noindex?n={n}") for n in range(2)]
 
     wait_for(lambda: stored_waits() == ["park", "park"], timeout=20, message="two parks")
@@ -148,9 +144,8 @@ def test_it_counts_audits_parked_by_an_open_breaker(site, start_worker, settings
 
 
 def test_it_counts_audits_deferred_by_a_rate_limit_of_fifteen_minutes(
-    site, start_worker, client, redis_client
+    site, one_slot_worker, client, redis_client
 ):
-    start_worker("audits")
     # The first answer says 429, Retry-After: 900; admission then holds the host's others.
     audits = [
         submit(f"{site.base_url}/busy?key=limited&fail=3&status=429&retry_after=900&n={n}")
@@ -166,6 +161,16 @@ def test_it_counts_audits_deferred_by_a_rate_limit_of_fifteen_minutes(
     # Each waits the whole 15 minutes (plus jitter), on Redis's clock.
     now = time.time()
     assert all(due - now > 890 for _entry, due in delayed.entries(settings.AUDIT_QUEUE))
+
+
+def test_a_running_audit_is_not_counted_and_a_waiting_one_is(site, one_slot_worker):
+    # Last of the shared worker's tests: it ends with an audit running and one waiting.
+    running = submit(f"{site.base_url}/slow?delay=4")
+    wait_for(lambda: status_of(running) == "running", timeout=20, message="the audit to start")
+    submit(f"{site.base_url}/slow?delay=0")
+
+    snapshot_becomes(BacklogSnapshot(waiting=1, retrying=0, running=1))
+    assert backlog_snapshot().backlog == 1
 
 
 def test_it_counts_a_link_check_waiting_for_a_busy_host(start_worker, redis_client, http_server):
