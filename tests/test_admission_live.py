@@ -1,5 +1,6 @@
 """Admission under concurrent submissions and in a fail-fast outage, over real HTTP,
-with real Redis and a real `celery worker`."""
+with real Redis and a real `celery worker`: the module's shared audits worker (two slots,
+retries 1.5-2.5 s after a failure), which the one test that needs a worker asks for."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from audits import submission
 from audits.admission import admission_counts
 from audits.models import Audit
 from jobs.backlog import backlog_snapshot
+from tests.workers import module_worker
 
 pytestmark = pytest.mark.slow
+
+WORKER_SLOTS = 2
+two_slot_worker = module_worker(
+    "audits", concurrency=WORKER_SLOTS, env={"RETRY_BACKOFF_BASE_SECONDS": "2"}
+)
 
 
 def burst(live_server, urls_per_client: list[list[str]]) -> list[int]:
@@ -64,17 +71,16 @@ def test_concurrent_submissions_overshoot_the_cap_by_at_most_the_handlers_minus_
 
 
 def test_a_fail_fast_outage_admits_no_more_than_the_cap_plus_the_bounded_overshoot(
-    live_server, site, start_worker, settings, caplog
+    live_server, site, two_slot_worker, settings, caplog
 ):
-    max_depth, handlers, worker_slots = 6, 4, 2
+    max_depth, handlers, worker_slots = 6, 4, WORKER_SLOTS
     settings.AUDIT_QUEUE_MAX_DEPTH = max_depth
     settings.AUDIT_SUBMIT_BURST = 1000
     # Every client here is 127.0.0.1, and this is the cap's test: no share binds.
     settings.AUDIT_CLIENT_MAX_SHARE = 100
     caplog.set_level("INFO", logger="observability.metrics")
     # Every attempt fails at once (500), then waits 1.5-2.5 s, 3-5 s, 6-10 s, 12-20 s:
-    # no audit is finished for good while this test submits.
-    start_worker("audits", concurrency=worker_slots, env={"RETRY_BACKOFF_BASE_SECONDS": "2"})
+    # no audit is finished for good while this test submits (the worker's 2 s backoff base).
 
     def failing(name: str) -> str:
         return f"{site.base_url}/flaky?key={name}&fail=1000"

@@ -1,5 +1,7 @@
 """One job model (jobs.lifecycle): every kind of job claims, waits, finishes and is owed by
-the same rules, declared once; its deadline budget derives every bound (jobs.deadlines)."""
+the same rules, declared once; its deadline budget derives every bound (jobs.deadlines).
+
+The one test that runs a worker asks for the module's shared audits worker."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from outbound.urls import normalize_url
 from tests.broker import queued
 from tests.reconciling import reconciled_now
 from tests.webhook_helpers import finished_audit_with_callback
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 from webhooks import deliver
 from webhooks.models import DELIVERY_JOB, Delivery
 from webhooks.tasks import deliver_webhook
+
+audits_worker = module_worker("audits")
 
 
 def queued_audit(url: str = "https://example.org/") -> Audit:
@@ -178,7 +182,7 @@ def test_every_kind_is_owed_by_the_same_rule(redis_client):
 
 @pytest.mark.slow
 def test_a_link_check_whose_message_was_lost_is_published_again_and_its_audit_finishes(
-    site, start_worker, redis_client, settings
+    site, audits_worker, redis_client, settings
 ):
     settings.AUDIT_LINKCHECK_DEADLINE_SECONDS = 600  # the deadline must not finish it first
     audit = queued_audit(f"{site.base_url}/noindex")
@@ -187,7 +191,6 @@ def test_a_link_check_whose_message_was_lost_is_published_again_and_its_audit_fi
     Audit.objects.filter(id=audit.id).update(status=Audit.Status.CHECKING_LINKS, result={})
     linkcheck.claim_stale_links(str(audit.id))  # claimed, and its message never published
     SharedLink.objects.update(published_at=timezone.now() - timedelta(seconds=120))
-    start_worker("audits")
 
     assert reconciled_now(overdue_after=60).republished == {"link_checks": 1}
     wait_for(

@@ -1,4 +1,6 @@
-"""Retention: what `manage.py prune` and the daily jobs.prune delete, and what they keep."""
+"""Retention: what `manage.py prune` and the daily jobs.prune delete, and what they keep.
+
+The one test that runs a worker asks for the module's shared reaudit worker."""
 
 from __future__ import annotations
 
@@ -18,13 +20,15 @@ from jobs import retention
 from jobs.models import DeadLetter
 from ratelimit.observations import RateLimitObservation
 from reaudit.models import FanOut, Placement, SliceRun
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db
 
 NOW = timezone.now()
 OLD = NOW - timedelta(days=200)
+
+reaudit_worker = module_worker("reaudit")
 
 
 def make_page(name: str = "a") -> Page:
@@ -412,13 +416,12 @@ def test_the_daily_beat_entry_runs_jobs_prune_on_the_reaudit_queue():
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_the_beat_entry_prunes_through_a_reaudit_worker(start_worker):
+def test_the_beat_entry_prunes_through_a_reaudit_worker(reaudit_worker):
     from config.celery_app import app
 
     page = make_page()
     make_audit(page, "succeeded", days_ago=1)
     old = make_audit(page, "failed", days_ago=100)
-    start_worker("reaudit")
 
     entry = settings.CELERY_BEAT_SCHEDULE["prune-aged-out-rows"]
     app.send_task(entry["task"], **entry["options"])
