@@ -1,6 +1,9 @@
 """Issue 31, point 1, end to end: a host's decades-long Retry-After cannot close
 submissions for everyone, and a Retry-After on a 200 holds nobody. Real HTTP servers on
-127.0.0.1, the API, a real `audits` worker and Redis."""
+127.0.0.1, the API, a real `audits` worker and Redis.
+
+The first test starts its worker once its pages are submitted; the two after it share one
+`audits` worker (two processes, a quick sweep of the delayed store)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from rest_framework.test import APIClient
 from audits.models import Audit, LinkCheck
 from tests.http_server import LocalServer, QuietHandler
 from tests.submitting import post_audit
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +27,8 @@ pytestmark = pytest.mark.slow
 LINKS_PER_PAGE = 25
 # What the finding's host answered to every link.
 DECADES = "999999999"
+
+audits_worker = module_worker("audits", concurrency=2, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
 
 
 class Host(LocalServer):
@@ -127,10 +132,10 @@ def test_eleven_pages_of_links_to_a_host_asking_for_decades_do_not_close_submiss
 
 
 def test_a_200_with_retry_after_on_one_audit_does_not_hold_another_clients_audit(
-    hosts, start_worker
+    hosts, audits_worker
 ):
     site = hosts(page_headers={"Retry-After": "86400"})
-    worker = start_worker("audits", concurrency=2, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    worker = audits_worker
     first = submit(f"{site.url}/page/a", "198.51.100.7")
     assert first.status_code == 202
     wait_for(
@@ -147,9 +152,9 @@ def test_a_200_with_retry_after_on_one_audit_does_not_hold_another_clients_audit
     assert audit.status == Audit.Status.SUCCEEDED, audit.error
 
 
-def test_a_page_whose_host_asks_for_decades_fails_saying_until_when(hosts, start_worker):
+def test_a_page_whose_host_asks_for_decades_fails_saying_until_when(hosts, audits_worker):
     site = hosts(page_headers={"Retry-After": DECADES}, answer=(429, {"Retry-After": DECADES}))
-    worker = start_worker("audits", concurrency=2, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
+    worker = audits_worker
     submitted = submit(f"{site.url}/limited", "198.51.100.7")
     assert submitted.status_code == 202
     audit = wait_for(

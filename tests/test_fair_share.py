@@ -3,6 +3,10 @@ loopback addresses, the live API, a real `celery worker`, real Redis and real sl
 
 Each loopback address (127.0.0.1, 127.0.0.2, ...) is a client of its own: the API sees it
 as the socket's peer address, as it would see clients on the internet.
+
+The two tests of the API's share run under one `audits` worker of eight threads, shared;
+the link-check tests start workers of their own (one with link-check settings of its own,
+one pointed at the test's own fake GitHub).
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ from audits.models import Audit
 from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
 from tests.submitting import post_audit
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+# Eight threads: the greedy client's ten slow pages run beside the other clients' audits.
+threads_worker = module_worker("audits", concurrency=8, pool="threads")
 
 
 def from_address(live_server, address: str) -> httpx.Client:
@@ -49,12 +57,11 @@ def other_client_after_greedy_one(greedy_page, other_page) -> tuple[float, dict]
 
 
 def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
-    live_server, site, start_worker, settings
+    live_server, site, threads_worker, settings
 ):
     settings.AUDIT_QUEUE_MAX_DEPTH = 20
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # two audits a client
     settings.AUDIT_SUBMIT_BURST = 1000  # the share binds, not the per-address bucket
-    start_worker("audits", concurrency=2, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
         statuses = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(6)]
@@ -75,14 +82,13 @@ def test_a_client_beyond_its_share_gets_429_while_another_address_is_admitted(
 
 
 def test_one_client_submitting_many_slow_pages_leaves_ten_other_clients_audits_fast(
-    live_server, site, start_worker, settings
+    live_server, site, threads_worker, settings
 ):
     # The issue's scenario scaled to this machine: 1,000 submissions against a cap of
     # 1,000 become 100 against a cap of 100 (a share of 10).
     settings.AUDIT_QUEUE_MAX_DEPTH = 100
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1
     settings.AUDIT_SUBMIT_BURST = 1000
-    start_worker("audits", concurrency=8, pool="threads")
 
     with from_address(live_server, "127.0.0.1") as greedy:
         answers = [post_audit(greedy, f"{site.base_url}/slow?delay=3&n={n}") for n in range(100)]

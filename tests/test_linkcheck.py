@@ -1,4 +1,7 @@
-"""Link checks: what each link is reported as, the audit's join and deadline, politeness."""
+"""Link checks: what each link is reported as, the audit's join and deadline, politeness.
+
+The tests with a real worker share one `audits` worker of four processes, whose link
+checks keep to two at a time and four a second per host."""
 
 from __future__ import annotations
 
@@ -18,9 +21,20 @@ from outbound.integrations.github import GitHubCredentials
 from outbound.integrations.links import check_http, github_repository
 from outbound.urls import normalize_url
 from tests.fake_github import LinkedPage
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.django_db
+
+# Four pool processes share nothing but Redis, like four workers on four hosts.
+audits_worker = module_worker(
+    "audits",
+    concurrency=4,
+    env={
+        "LINKCHECK_PER_HOST_CONCURRENCY": "2",
+        "LINKCHECK_PER_HOST_RATE": "4",
+        "DELAYED_POLL_INTERVAL_SECONDS": "0.2",
+    },
+)
 
 
 @pytest.mark.parametrize(
@@ -182,13 +196,12 @@ def test_the_deadline_finishes_the_audit_reporting_unfinished_checks(site, redis
 
 @pytest.mark.slow
 def test_forty_pages_sharing_eight_footer_links_send_eight_requests(
-    start_worker, redis_client, http_server
+    audits_worker, redis_client, http_server
 ):
     # Seed 001's amplification in the footer: 40 pages of one site, the same 8 links.
     other_host = http_server(LinkedPage(delay=0))
     footer = [f"{other_host.url}/footer/{n}" for n in range(8)]
     site = http_server(LinkedPage(footer))
-    start_worker("audits", concurrency=8, env={"DELAYED_POLL_INTERVAL_SECONDS": "0.2"})
     audits = [submission.submit_audit(normalize_url(f"{site.url}/?page={n}")) for n in range(40)]
     wait_for(
         lambda: not Audit.objects.exclude(status__in=Audit.FINISHED).exists(),
@@ -206,7 +219,7 @@ def test_forty_pages_sharing_eight_footer_links_send_eight_requests(
 
 @pytest.mark.slow
 def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
-    start_worker, redis_client, http_server
+    audits_worker, redis_client, http_server
 ):
     fast = http_server(LinkedPage(delay=0))  # only the rate can hold these back
     slow = http_server(LinkedPage(delay=1.0))  # here the concurrency binds first
@@ -214,9 +227,7 @@ def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
         f"{slow.url}/target/{n}" for n in range(4)
     ]
     page = http_server(LinkedPage(links))
-    env = {"LINKCHECK_PER_HOST_CONCURRENCY": "2", "LINKCHECK_PER_HOST_RATE": "4"}
-    # Four pool processes share nothing but Redis, like four workers on four hosts.
-    start_worker("audits", concurrency=4, env=env)
+    # The worker's four processes: two checks at a time per host, four a second.
     audit = submission.submit_audit(normalize_url(f"{page.url}/"))
     wait_for(
         lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,

@@ -1,6 +1,9 @@
 """One origin's failures are its own (issue 31.3): a closed port of a host opens no breaker
 for a healthy server on another port of it, and every spelling of one origin shares one
-breaker, one slot and one shared link. Real workers, real servers on 127.0.0.1."""
+breaker, one slot and one shared link. Real workers, real servers on 127.0.0.1.
+
+The audits test starts its own worker; the two webhook tests share one webhooks worker
+(as deployed, with fast retries and one delivery at a time per origin)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ from outbound.hostslots import SlotLimit
 from outbound.urls import normalize_url, origin_key
 from tests.receiver import Receiver
 from tests.test_linkcheck import checking_audit
-from tests.webhook_helpers import FAST_RETRIES, delivery, schedule, start_webhooks_worker
-from tests.workers import wait_for
+from tests.webhook_helpers import FAST_RETRIES, delivery, schedule
+from tests.workers import module_worker, wait_for
 
 # A breaker that opens on three failures and stays open far longer than any test waits:
 # anything parked behind it would not run before the test times out.
@@ -32,6 +35,21 @@ LONG_OPEN_BREAKER = {
     "BREAKER_OPEN_SECONDS": "600",
     "DELAYED_POLL_INTERVAL_SECONDS": "0.2",
 }
+
+
+# A webhooks worker as deployed (thread pool, concurrency from its own settings): twenty
+# attempts a delivery, fast retries, one delivery in flight per origin.
+webhooks_worker = module_worker(
+    "webhooks",
+    concurrency=None,
+    pool="threads",
+    env={
+        "WEBHOOK_MAX_ATTEMPTS": "20",
+        "WEBHOOK_PER_HOST_CONCURRENCY": "1",
+        **LONG_OPEN_BREAKER,
+        **FAST_RETRIES,
+    },
+)
 
 
 def closed_port() -> int:
@@ -78,12 +96,9 @@ def test_a_closed_port_does_not_park_audits_of_another_port_of_the_same_host(sit
 
 @pytest.mark.slow
 def test_failing_callbacks_to_a_closed_port_do_not_delay_a_receiver_on_another_port(
-    receiver, start_worker
+    receiver, webhooks_worker
 ):
-    worker = start_webhooks_worker(
-        start_worker, WEBHOOK_MAX_ATTEMPTS=20, WEBHOOK_PER_HOST_CONCURRENCY=1,
-        **LONG_OPEN_BREAKER, **FAST_RETRIES,
-    )  # fmt: skip
+    worker = webhooks_worker
     down = f"http://127.0.0.1:{closed_port()}/hook"
     failing = [schedule(down, number=n) for n in range(4)]
     wait_for(
@@ -103,15 +118,13 @@ def test_failing_callbacks_to_a_closed_port_do_not_delay_a_receiver_on_another_p
 
 
 @pytest.mark.slow
-def test_every_spelling_of_a_callback_origin_shares_its_breaker(receiver, start_worker):
+def test_every_spelling_of_a_callback_origin_shares_its_breaker(receiver, webhooks_worker):
     # Stored as given, as rows from before origins were normalized are: three spellings of
     # http://localhost:PORT. Failures of one open the breaker of all three. (The dotted one
     # only waits here: this machine's /etc/hosts resolves `localhost`, not `localhost.`.)
     hook = receiver(lambda at, number: 503)
     port = hook.url.split(":")[2].split("/")[0]
-    worker = start_webhooks_worker(
-        start_worker, WEBHOOK_MAX_ATTEMPTS=20, **LONG_OPEN_BREAKER, **FAST_RETRIES
-    )
+    worker = webhooks_worker
     shouted = [schedule(f"http://LOCALHOST:{port}/hook", number=n) for n in range(3)]
     wait_for(
         lambda: open_breakers("webhooks.deliver"), timeout=60,

@@ -1,4 +1,8 @@
-"""Parking with real workers: open breakers and long Retry-After waits hold tasks outside the broker."""
+"""Parking with real workers: open breakers and long Retry-After waits hold tasks outside the broker.
+
+Two `audits` workers, each shared by the tests next to each other that ask for it: one
+whose breakers open, half-open and close within seconds (the breaker tests), one that
+holds short countdowns only and gives up after two attempts (the Retry-After tests)."""
 
 from __future__ import annotations
 
@@ -13,11 +17,38 @@ from jobs.models import CircuitBreaker, DeadLetter
 from outbound.urls import origin_key
 from tests.submitting import submit
 from tests.test_metrics import scrape
-from tests.workers import wait_for
+from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
 FAST_SWEEP = {"DELAYED_POLL_INTERVAL_SECONDS": "0.2"}
+
+# Breakers that open on three calls of which half failed, stay open 1.5 s and close on
+# one good probe; quick retries of the failed calls.
+breaker_worker = module_worker(
+    "audits",
+    env={
+        **FAST_SWEEP,
+        "BREAKER_MIN_CALLS": "3",
+        "BREAKER_FAILURE_RATE": "0.5",
+        "BREAKER_OPEN_SECONDS": "1.5",
+        "BREAKER_HALF_OPEN_PROBES": "1",
+        "RETRY_BACKOFF_BASE_SECONDS": "0.2",
+    },
+)
+
+# Visibility 75 s - (1 s fetch + 60 s) hard time limit - 10 s margin: a worker may hold
+# a countdown of at most 4 s. Nothing is slept inline, and an audit has two attempts.
+retry_after_worker = module_worker(
+    "audits",
+    env={
+        **FAST_SWEEP,
+        "AUDIT_FETCH_TIMEOUT_SECONDS": "1",
+        "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "75",
+        "RATELIMIT_INLINE_MAX_WAIT_SECONDS": "0",
+        "AUDIT_MAX_ATTEMPTS": "2",
+    },
+)
 
 
 def status_of(audit: Audit) -> str:
@@ -29,12 +60,9 @@ def parked() -> list[delayed.Entry]:
 
 
 def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
-    site, start_worker, settings, redis_client
+    site, breaker_worker, settings, redis_client
 ):
-    worker = start_worker(
-        "audits",
-        env={**FAST_SWEEP, "BREAKER_OPEN_SECONDS": "1", "BREAKER_HALF_OPEN_PROBES": "1"},
-    )
+    worker = breaker_worker
     settings.BREAKER_MIN_CALLS, settings.BREAKER_OPEN_SECONDS = 2, 3
     origin = origin_key(site.base_url)
     breaker = Breaker("audits.run_audit", origin)
@@ -66,19 +94,9 @@ def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
 
 
 def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstream(
-    site, start_worker, redis_client
+    site, breaker_worker, redis_client
 ):
-    worker = start_worker(
-        "audits",
-        env={
-            **FAST_SWEEP,
-            "BREAKER_MIN_CALLS": "3",
-            "BREAKER_FAILURE_RATE": "0.5",
-            "BREAKER_OPEN_SECONDS": "1.5",
-            "BREAKER_HALF_OPEN_PROBES": "1",
-            "RETRY_BACKOFF_BASE_SECONDS": "0.2",
-        },
-    )
+    worker = breaker_worker
     # One downstream that fails its first four requests, whoever makes them.
     audits = [submit(f"{site.base_url}/flaky?key=shared&fail=4") for _ in range(6)]
 
@@ -126,18 +144,10 @@ def test_the_breaker_opens_parks_half_opens_and_closes_against_a_failing_downstr
 
 
 def test_a_retry_after_longer_than_a_worker_may_hold_is_parked_and_waited_in_full(
-    site, start_worker, redis_client
+    site, retry_after_worker, redis_client
 ):
-    # Visibility 75 s - (1 s fetch + 60 s) hard time limit - 10 s margin:
-    # a worker may hold a countdown of at most 4 s.
-    worker = start_worker(
-        "audits",
-        env={
-            **FAST_SWEEP,
-            "AUDIT_FETCH_TIMEOUT_SECONDS": "1",
-            "AUDITS_VISIBILITY_TIMEOUT_SECONDS": "75",
-        },
-    )
+    # The worker may hold a countdown of at most 4 s (retry_after_worker).
+    worker = retry_after_worker
     long_wait = submit(f"{site.base_url}/busy?key=long&fail=1&retry_after=6")
     short_wait = submit(f"{site.base_url}/busy?key=short&fail=1&retry_after=2")
 
@@ -172,17 +182,10 @@ def test_a_retry_after_longer_than_a_worker_may_hold_is_parked_and_waited_in_ful
 
 
 def test_a_host_that_keeps_rate_limiting_is_deferred_up_to_the_cap_then_spends_attempts(
-    site, start_worker, redis_client
+    site, retry_after_worker, redis_client
 ):
-    # Every answer is 429 with Retry-After: 1, and nothing is slept inline.
-    worker = start_worker(
-        "audits",
-        env={
-            **FAST_SWEEP,
-            "RATELIMIT_INLINE_MAX_WAIT_SECONDS": "0",
-            "AUDIT_MAX_ATTEMPTS": "2",
-        },
-    )
+    # Every answer is 429 with Retry-After: 1, and nothing is slept inline (two attempts).
+    worker = retry_after_worker
     audit = submit(f"{site.base_url}/busy?key=always&fail=1000&status=429&retry_after=1")
     wait_for(
         lambda: status_of(audit) == "failed", timeout=90, message="the audit to give up",
