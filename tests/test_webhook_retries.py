@@ -1,5 +1,5 @@
 """A webhooks worker's retries against receivers that fail, refuse or ask it to wait: one
-worker with fast retries, shared by the module's tests."""
+worker with fast retries and three attempts, shared by the module's tests."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.receiver import Receiver
-from tests.webhook_helpers import FAST_RETRIES, delivery, schedule
-from tests.workers import module_worker, wait_for
+from tests.webhook_helpers import FAST_RETRIES, delivery, module_webhooks_worker, schedule
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 
-# A webhooks worker as deployed (thread pool, concurrency from its own settings).
-fast_retrying_worker = module_worker("webhooks", concurrency=None, pool="threads", env=FAST_RETRIES)
+fast_retrying_worker = module_webhooks_worker(WEBHOOK_MAX_ATTEMPTS=3, **FAST_RETRIES)
 
 
 @pytest.fixture
@@ -31,6 +30,19 @@ def test_a_failing_receiver_gets_retries_with_the_same_webhook_id(receiver, fast
     assert [r.status for r in hook.requests] == [503, 503, 200]
     assert {r.webhook_id for r in hook.requests} == {row.webhook_id}
     assert delivery(row).attempts == 3
+
+
+def test_retries_stop_at_the_attempt_limit(receiver, fast_retrying_worker):
+    hook = receiver(lambda at, number: 503)
+    row = schedule(hook.url)
+    wait_for(lambda: delivery(row).status == "failed", timeout=30, message="the delivery to fail")
+    # A fourth attempt would come within 0.9 s (FAST_RETRIES caps the backoff at 0.5 s,
+    # x1.25 jitter, then the delayed store's 0.25 s poll): 1.5 s is past it.
+    time.sleep(1.5)
+    assert hook.count() == 3
+    failed = delivery(row)
+    assert failed.attempts == 3 and failed.last_status_code == 503
+    assert "gave up after 3 attempt(s)" in failed.last_error
 
 
 def test_a_4xx_fails_the_delivery_at_once(receiver, fast_retrying_worker):

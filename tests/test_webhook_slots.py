@@ -1,4 +1,6 @@
-"""A delivery holds a slot of its receiver only for its POST, through the outbound client."""
+"""A delivery holds a slot of its receiver only for its POST, through the outbound client.
+
+The tests share one webhooks worker allowing one delivery at a time per receiver."""
 
 from __future__ import annotations
 
@@ -7,11 +9,15 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from outbound.urls import origin_key
 from tests.receiver import Receiver
-from tests.webhook_helpers import delivery, finished_audit_with_callback, start_webhooks_worker
+from tests.webhook_helpers import delivery, finished_audit_with_callback, module_webhooks_worker
 from tests.workers import wait_for
 from webhooks import deliver, tasks
 
 pytestmark = pytest.mark.slow
+
+# One slot a receiver: a slot held by a delivery that is not POSTing would keep every
+# other delivery to it waiting.
+one_slot_worker = module_webhooks_worker(WEBHOOK_PER_HOST_CONCURRENCY=1, WEBHOOK_MAX_CONCURRENCY=4)
 
 
 def claims_waiting_on_a_lock() -> int:
@@ -25,11 +31,10 @@ def claims_waiting_on_a_lock() -> int:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's lock waits")
-def test_a_delivery_stuck_in_the_database_holds_no_slot_of_its_receiver(start_worker, redis_client):
+def test_a_delivery_stuck_in_the_database_holds_no_slot_of_its_receiver(
+    one_slot_worker, redis_client
+):
     receiver = Receiver(hold_seconds=1.0).start()
-    # One slot for the receiver: a slot held by a delivery that is not POSTing would
-    # keep every other delivery to it waiting.
-    start_webhooks_worker(start_worker, WEBHOOK_PER_HOST_CONCURRENCY=1, WEBHOOK_MAX_CONCURRENCY=4)
     # The receiver's slots: its origin's, in the webhooks pool (not shared with page
     # fetches or link checks of the same origin).
     slot_key = f"hostslots:webhooks:{origin_key(receiver.url)}:inflight"
@@ -65,10 +70,9 @@ def test_a_delivery_stuck_in_the_database_holds_no_slot_of_its_receiver(start_wo
 
 
 def test_a_busy_receiver_defers_the_delivery_without_spending_an_attempt(
-    start_worker, redis_client
+    one_slot_worker, redis_client
 ):
     receiver = Receiver().start()
-    start_webhooks_worker(start_worker, WEBHOOK_PER_HOST_CONCURRENCY=1)
     slot_key = f"hostslots:webhooks:{origin_key(receiver.url)}:inflight"
     # Another worker's POST holds the receiver's one slot (a lease that lapses on its own).
     redis_client.zadd(slot_key, {"elsewhere": redis_client.time()[0] + 60})

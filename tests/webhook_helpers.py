@@ -7,6 +7,7 @@ import base64
 from django.utils import timezone
 
 from audits.models import Audit, Page
+from tests.workers import module_worker
 from webhooks import tasks
 from webhooks.models import Delivery
 
@@ -35,11 +36,18 @@ def schedule(url: str, *, number: int = 0) -> Delivery:
     return tasks.schedule_delivery(audit_id=finished_audit_with_callback(url, number=number).id)
 
 
+# A webhooks worker as deployed: thread pool, concurrency from its own settings.
+WEBHOOKS_WORKER = {"concurrency": None, "pool": "threads"}
+
+
 def start_webhooks_worker(start_worker, **env):
-    """A webhooks worker as deployed: thread pool, concurrency from its own settings."""
-    return start_worker(
-        "webhooks", concurrency=None, pool="threads", env={k: str(v) for k, v in env.items()}
-    )
+    """A webhooks worker of the test's own."""
+    return start_worker("webhooks", **WEBHOOKS_WORKER, env={k: str(v) for k, v in env.items()})
+
+
+def module_webhooks_worker(**env):
+    """A webhooks worker shared by the module's tests that ask for it (module_worker)."""
+    return module_worker("webhooks", **WEBHOOKS_WORKER, env={k: str(v) for k, v in env.items()})
 
 
 def delivery(row: Delivery) -> Delivery:
