@@ -1,6 +1,6 @@
 """Link checks: what each link is reported as, the audit's join and deadline, politeness.
 
-The tests with a real worker share one `audits` worker of four processes, whose link
+The tests with a real worker share one `audits` worker of eight processes, whose link
 checks keep to two at a time and four a second per host."""
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from tests.workers import module_worker, wait_for
 
 pytestmark = pytest.mark.django_db
 
-# Four pool processes share nothing but Redis, like four workers on four hosts.
+# Eight pool processes share nothing but Redis, like eight workers on eight hosts: as many
+# audits at once as the footer test needs to race for the same links.
 audits_worker = module_worker(
     "audits",
-    concurrency=4,
+    concurrency=8,
     env={
         "LINKCHECK_PER_HOST_CONCURRENCY": "2",
         "LINKCHECK_PER_HOST_RATE": "4",
@@ -227,7 +228,7 @@ def test_link_checks_keep_to_the_per_host_concurrency_and_rate_across_processes(
         f"{slow.url}/target/{n}" for n in range(4)
     ]
     page = http_server(LinkedPage(links))
-    # The worker's four processes: two checks at a time per host, four a second.
+    # The worker's eight processes: two checks at a time per host, four a second.
     audit = submission.submit_audit(normalize_url(f"{page.url}/"))
     wait_for(
         lambda: Audit.objects.get(id=audit.id).status == Audit.Status.SUCCEEDED,
