@@ -10,7 +10,7 @@ from devstack.demo_site import DemoSite
 from tests import database
 from tests.http_server import Answer, LocalServer, QuietHandler, Scripted
 from tests.private_redis import PrivateRedis
-from tests.workers import TEST_WORKER_ENV, WorkerProcess
+from tests.workers import WorkerProcess, started_worker
 
 # A committing test empties the tables with DELETEs instead of Django's flush (tests/database.py).
 database.install()
@@ -87,35 +87,19 @@ def redis_client(_empty_redis):
     client.close()
 
 
-def _worker_starter(started: list[WorkerProcess]):
-    def start(
-        queue: str,
-        *,
-        concurrency: int | None = 1,
-        pool: str | None = None,
-        env: dict | None = None,
-        options: list[str] | None = None,
-    ) -> WorkerProcess:
-        worker = WorkerProcess(
-            queue,
-            concurrency=concurrency,
-            pool=pool,
-            env={**TEST_WORKER_ENV, **(env or {})},
-            options=options,
-        ).start()
-        started.append(worker)
-        return worker
-
-    return start
-
-
 @pytest.fixture
 def start_worker(transactional_db, redis_client):
     """Start real `celery worker` subprocesses of the test's own, ended when it ends:
     start_worker("audits", env={...}). For a test that kills its worker or watches what a
     start does; tests that can share one ask for a `module_worker` (tests/workers.py)."""
     started: list[WorkerProcess] = []
-    yield _worker_starter(started)
+
+    def start(queue: str, **options) -> WorkerProcess:
+        worker = started_worker(queue, **options)
+        started.append(worker)
+        return worker
+
+    yield start
     for worker in started:
         worker.end()  # at once: the test is over (WorkerProcess.end)
 

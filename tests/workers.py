@@ -33,7 +33,7 @@ TEST_WORKER_ENV = {"PAGE_FETCH_WARMUP_RATE": "0"}
 # owed (Redis "came back empty"): a second message for the test's rows, which a test
 # counting attempts or requests would see. Reconciling is the fault tests' subject; they
 # start workers of their own.
-SHARED_WORKER_ENV = {**TEST_WORKER_ENV, "RECONCILE_INTERVAL_SECONDS": str(24 * 3600)}
+SHARED_WORKER_ENV = {"RECONCILE_INTERVAL_SECONDS": str(24 * 3600)}
 
 
 def database_url_for_workers() -> str:
@@ -156,6 +156,24 @@ class WorkerProcess:
             self.process.wait(timeout=10)
 
 
+def started_worker(
+    queue: str,
+    *,
+    concurrency: int | None = 1,
+    pool: str | None = None,
+    env: dict | None = None,
+    options: list[str] | None = None,
+) -> WorkerProcess:
+    """A worker started for a test: the tests' settings (TEST_WORKER_ENV), then `env`."""
+    return WorkerProcess(
+        queue,
+        concurrency=concurrency,
+        pool=pool,
+        env={**TEST_WORKER_ENV, **(env or {})},
+        options=options,
+    ).start()
+
+
 def module_worker(
     queue: str,
     *,
@@ -180,9 +198,9 @@ def module_worker(
         kept = kept_workers.get(request.fixturename)
         if kept is not None and kept.running():
             return kept.hand_over()
-        started = WorkerProcess(
+        started = started_worker(
             queue, concurrency=concurrency, pool=pool, env=settings_env, options=options
-        ).start()
+        )
         kept_workers[request.fixturename] = started
         return started
 
