@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
+from django.db import connections, router
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -55,45 +56,66 @@ def claim_seconds() -> float:
     return settings.AUDIT_FETCH_TIMEOUT_SECONDS + 5
 
 
-def _info(row: RobotsTxt) -> RobotsInfo:
-    return RobotsInfo(
-        url=robots.robots_url(row.origin),
-        status_code=row.status_code,
-        body=row.body,
-        availability=row.availability,
-        truncated=row.truncated,
-        error=row.error,
-    )
-
-
-# The files this process read last, by origin, with the `fetched_at` they were read at: a
-# host's links are checked one after the other, and a file may be 500 KiB.
-_recent: dict[str, tuple[datetime, RobotsInfo]] = {}
+# The files this process read last, by origin, with the `fetched_at` they were read at (as
+# the database returns it): a host's links are checked one after the other, every audit
+# reads its page's origin's, and a file may be 500 KiB.
+_recent: dict[str, tuple[object, RobotsInfo]] = {}
 RECENT_MAX = 1024
+
+# When the origin's stored file was read, if it was (and is fresh, with the second):
+# written once, as the audit's own statements are (audits.models), because every audit
+# asks it and Django compiling the filter cost more than running it (DECISIONS.md,
+# "The robots.txt an audit reads is one statement written once").
+_ROBOTS = RobotsTxt._meta
+_ROBOTS_READ_SQL = (
+    f'SELECT "fetched_at" FROM "{_ROBOTS.db_table}" WHERE "origin" = %s AND "availability" <> \'\''
+)
+_ROBOTS_FRESH_SQL = _ROBOTS_READ_SQL + ' AND "fresh_until" > %s'
+# The file itself, as read at that `fetched_at`: nothing when it was read again meanwhile.
+_ROBOTS_FILE_SQL = (
+    'SELECT "status_code", "body", "availability", "truncated", "error" '
+    f'FROM "{_ROBOTS.db_table}" WHERE "origin" = %s AND "fetched_at" = %s'
+)
+
+
+def _query_one(sql: str, params: list) -> tuple | None:
+    connection = connections[router.db_for_read(RobotsTxt)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
 
 
 def stored(origin: str, *, fresh_only: bool = True) -> RobotsInfo | None:
     """The origin's robots.txt as stored, if it was ever read (and is fresh, by default)."""
-    rows = RobotsTxt.objects.filter(origin=origin).exclude(availability="")
     if fresh_only:
-        rows = rows.filter(fresh_until__gt=timezone.now())
-    fetched_at = rows.values_list("fetched_at", flat=True).first()
-    if fetched_at is None:
+        now = _ROBOTS.get_field("fresh_until").get_db_prep_value(
+            timezone.now(), connections[router.db_for_read(RobotsTxt)]
+        )
+        read = _query_one(_ROBOTS_FRESH_SQL, [origin, now])
+    else:
+        read = _query_one(_ROBOTS_READ_SQL, [origin])
+    if read is None or read[0] is None:
         return None
+    fetched_at = read[0]
     recent = _recent.get(origin)
     if recent is not None and recent[0] == fetched_at:
         return recent[1]
-    row = (
-        rows.filter(fetched_at=fetched_at)
-        .only("origin", "status_code", "body", "availability", "truncated", "error")
-        .first()
-    )
+    row = _query_one(_ROBOTS_FILE_SQL, [origin, fetched_at])
     if row is None:
         return None  # read again meanwhile: the caller claims or waits
+    status_code, body, availability, truncated, error = row
+    info = RobotsInfo(
+        url=robots.robots_url(origin),
+        status_code=status_code,
+        body=body,
+        availability=availability,
+        truncated=bool(truncated),  # SQLite answers 0 or 1
+        error=error,
+    )
     if len(_recent) >= RECENT_MAX:
         _recent.clear()
-    info = _recent[origin] = (fetched_at, _info(row))
-    return info[1]
+    _recent[origin] = (fetched_at, info)
+    return info
 
 
 def current(origin: str) -> RobotsInfo | None:
