@@ -9,7 +9,10 @@ from logging.config import dictConfig
 from urllib.parse import urlsplit
 
 from celery import Celery, signals
+from celery.fixups.django import DjangoWorkerFixup
+from celery.fixups.django import fixup as django_fixup
 from django.conf import settings
+from django.db import close_old_connections
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from config.redis import (
@@ -23,7 +26,43 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 log = logging.getLogger(__name__)
 
-app = Celery("plumb")
+
+class ConnectionsKeptBetweenTasks(DjangoWorkerFixup):
+    """Celery's Django worker fixup, with Django's own rule for a connection between tasks.
+
+    Celery's closes every connection of the task's thread before and after each task, so
+    every audit connected to the database anew and `DB_CONN_MAX_AGE` was never reached.
+    Here a task ends as Django ends a request (`close_old_connections`): a connection is
+    closed only when it broke, is in a transaction, or is past its age, and checked
+    before its next use (`conn_health_checks`); a pooled one (`DB_POOL_MAX_SIZE`, age 0)
+    goes back to its pool as before. DECISIONS.md, "A worker thread keeps its database
+    connection between tasks".
+    """
+
+    def on_task_prerun(self, sender, **kwargs):
+        if not getattr(sender.request, "is_eager", False):
+            close_old_connections()
+
+    def on_task_postrun(self, sender, **kwargs):
+        if not getattr(sender.request, "is_eager", False):
+            close_old_connections()
+            self.close_cache()
+
+
+app = Celery("plumb", fixups=[])
+
+
+@signals.worker_init.connect
+def keep_connections_between_tasks(**kwargs):
+    """Give Celery's Django fixup the worker fixup above before it installs one: this
+    receiver is connected first, so it runs before the fixup's own (`on_worker_init`)."""
+    DJANGO_FIXUP.worker_fixup = ConnectionsKeptBetweenTasks(app)
+
+
+# Celery's Django fixup, installed here rather than by the app's default list for the
+# receiver above. Kept in a module global: its receivers are weak references (Celery keeps
+# its own fixups alive in the app).
+DJANGO_FIXUP = django_fixup(app)
 # The default for every thread, not just this one: shared tasks resolve their
 # app through it, and a threaded server would otherwise publish to amqp://localhost.
 app.set_default()

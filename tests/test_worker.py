@@ -5,14 +5,17 @@ attempt limit, which starts its own."""
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
+from django.db import connection
 
 from audits.models import Audit
 from devstack.demo_site import DEMO_PATHS
+from observability.metrics import TASK_RETRIES, read_counter
 from tests.submitting import post_audit
-from tests.workers import module_worker, wait_for
+from tests.workers import database_url_for_workers, module_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -101,3 +104,62 @@ def test_retries_stop_at_the_attempt_limit_and_fail_the_audit(live_server, site,
     # most x1.25 jitter, then the delayed store's 0.25 s poll): a second is past it.
     time.sleep(1)
     assert site.flaky_counts["never"] == 2
+
+
+def worker_backends(application_name: str) -> set[tuple[int, object]]:
+    """The worker's PostgreSQL sessions now, as (pid, backend_start)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
+        )
+        return set(cursor.fetchall())
+
+
+def start_named_worker(start_worker, application_name: str, concurrency: int):
+    """An audits worker whose database sessions carry `application_name`."""
+    url = urlsplit(database_url_for_workers())
+    query = "&".join(filter(None, [url.query, f"application_name={application_name}"]))
+    return start_worker(
+        "audits",
+        concurrency=concurrency,
+        env={"DATABASE_URL": urlunsplit(url._replace(query=query))},
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's sessions")
+def test_a_worker_keeps_its_database_connections_between_audits(live_server, site, start_worker):
+    # Celery's Django fixup closed them after every task: each audit connected anew.
+    name = "plumb-test-kept-connections"
+    worker = start_named_worker(start_worker, name, concurrency=2)
+    first = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+    assert finished(live_server, first, show=[worker])["status"] == "succeeded"
+    held = wait_for(lambda: worker_backends(name), timeout=5,
+                    message="a session the worker holds after its audit", show=[worker])  # fmt: skip
+    for _ in range(5):
+        audit = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+        assert finished(live_server, audit, show=[worker])["status"] == "succeeded"
+    # The worker's main-process threads close theirs after every tick: what is still
+    # there from before the five audits is a pool thread's, kept.
+    assert held & worker_backends(name)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="terminates PostgreSQL sessions")
+def test_a_kept_connection_the_server_ended_is_replaced_before_the_next_audit(
+    live_server, site, start_worker
+):
+    name = "plumb-test-ended-connections"
+    worker = start_named_worker(start_worker, name, concurrency=1)
+    first = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+    assert finished(live_server, first, show=[worker])["status"] == "succeeded"
+    held = wait_for(lambda: worker_backends(name), timeout=5,
+                    message="a session the worker holds after its audit", show=[worker])  # fmt: skip
+    with connection.cursor() as cursor:
+        for pid, _ in held:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    audit = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+    done = finished(live_server, audit, show=[worker])
+    # Checked before its use (conn_health_checks), not found broken by the audit's claim,
+    # which would send the audit to wait out a database outage.
+    assert done["status"] == "succeeded"
+    assert read_counter(TASK_RETRIES) == {}
