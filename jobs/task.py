@@ -45,8 +45,9 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import transaction
 from redis import RedisError
+from redis.client import Pipeline
 
-from config.redis import lua, redis_client
+from config.redis import lua, queue_script, redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.deadlines import Deadline
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
@@ -366,16 +367,20 @@ class PlumbTask(Task):
             )
         )
 
-    def _leave_flight(self) -> None:
-        token = getattr(self.request, "plumb_flight_token", None)
-        if self.job is None or token is None:
-            return  # never taken: the run ended before it
+    def _leave_flight(self, pipe: Pipeline | None = None) -> None:
+        """Delete this run's in-flight key; with `pipe`, in the caller's pipeline (a
+        successful attempt's end: nothing is left to record on the row after it)."""
+        request = self.request
+        token = getattr(request, "plumb_flight_token", None)
+        if self.job is None or token is None or getattr(request, "plumb_flight_left", False):
+            return  # never taken (the run ended before it), or left with the attempt's end
+        keys, args = [in_flight_key(request.id)], [token]
+        if pipe is not None:
+            queue_script(pipe, _LEAVE_FLIGHT, keys=keys, args=args)
+            request.plumb_flight_left = True
+            return
         try:
-            _LEAVE_FLIGHT(
-                keys=[in_flight_key(self.request.id)],
-                args=[token],
-                client=redis_client(),
-            )
+            _LEAVE_FLIGHT(keys=keys, args=args, client=redis_client())
         except RedisError as exc:
             # It lapses with its lease; a rerun of this delivery holds it still (its token).
             log.warning("task.flight_not_left", extra={"task": self.name, "error": repr(exc)})
@@ -421,6 +426,8 @@ class PlumbTask(Task):
             pipe = redis_client().pipeline(transaction=False)
             if outcome == breakers.SUCCESS:
                 instrumentation.completed(self, pipe=pipe)
+                # The run is over: its in-flight key goes in this round trip, not one more.
+                self._leave_flight(pipe)
             backlog.attempt_stopped(queue, run_id, pipe=pipe)
             if permit is None:
                 self._send_bookkeeping(pipe, "attempt_stopped")

@@ -13,6 +13,7 @@ from django.db import connection
 
 from audits.models import Audit
 from devstack.demo_site import DEMO_PATHS
+from jobs.task import in_flight_key
 from observability.metrics import TASK_RETRIES, read_counter
 from tests.submitting import post_audit
 from tests.workers import database_url_for_workers, module_worker, wait_for
@@ -45,6 +46,16 @@ def test_a_submitted_audit_is_run_by_a_worker(live_server, site, audits_worker):
     assert done["result"]["final_url"] == f"{site.base_url}/"
     assert [hop["status_code"] for hop in done["result"]["redirects"]] == [301, 302]
     assert done["started_at"] and done["finished_at"]
+
+
+def test_a_finished_audit_leaves_no_in_flight_key(live_server, site, audits_worker, redis_client):
+    # A copy of it published again (the reconciler after a Redis restart) would otherwise
+    # wait for the key to lapse, up to the task's lease, before finding the row finished.
+    audit = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+    assert finished(live_server, audit, show=[audits_worker])["status"] == "succeeded"
+    task_id = Audit.objects.get(id=audit["id"]).task_id
+    wait_for(lambda: not redis_client.exists(in_flight_key(task_id)), timeout=5,
+             message="the in-flight key gone with the audit's end", show=[audits_worker])  # fmt: skip
 
 
 def test_a_500_is_retried_until_the_page_recovers(live_server, site, audits_worker):
