@@ -5,6 +5,7 @@ attempt limit, which starts its own."""
 from __future__ import annotations
 
 import time
+import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -127,26 +128,25 @@ def worker_backends(application_name: str) -> set[tuple[int, object]]:
         return set(cursor.fetchall())
 
 
-def start_named_worker(start_worker, application_name: str, concurrency: int):
-    """An audits worker whose database sessions carry `application_name`."""
+def sessions_after_an_audit(live_server, site, start_worker, *, concurrency: int):
+    """An audits worker whose sessions carry a name of their own, after one audit: the
+    worker and the sessions it then holds."""
+    name = f"plumb-test-{uuid.uuid4().hex[:8]}"
     url = urlsplit(database_url_for_workers())
-    query = "&".join(filter(None, [url.query, f"application_name={application_name}"]))
-    return start_worker(
-        "audits",
-        concurrency=concurrency,
-        env={"DATABASE_URL": urlunsplit(url._replace(query=query))},
-    )
+    query = "&".join(filter(None, [url.query, f"application_name={name}"]))
+    worker = start_worker("audits", concurrency=concurrency,
+                          env={"DATABASE_URL": urlunsplit(url._replace(query=query))})  # fmt: skip
+    audit = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
+    assert finished(live_server, audit, show=[worker])["status"] == "succeeded"
+    held = wait_for(lambda: worker_backends(name), timeout=5,
+                    message="a session the worker holds after its audit", show=[worker])  # fmt: skip
+    return worker, name, held
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's sessions")
 def test_a_worker_keeps_its_database_connections_between_audits(live_server, site, start_worker):
     # Celery's Django fixup closed them after every task: each audit connected anew.
-    name = "plumb-test-kept-connections"
-    worker = start_named_worker(start_worker, name, concurrency=2)
-    first = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
-    assert finished(live_server, first, show=[worker])["status"] == "succeeded"
-    held = wait_for(lambda: worker_backends(name), timeout=5,
-                    message="a session the worker holds after its audit", show=[worker])  # fmt: skip
+    worker, name, held = sessions_after_an_audit(live_server, site, start_worker, concurrency=2)
     for _ in range(5):
         audit = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
         assert finished(live_server, audit, show=[worker])["status"] == "succeeded"
@@ -159,12 +159,7 @@ def test_a_worker_keeps_its_database_connections_between_audits(live_server, sit
 def test_a_kept_connection_the_server_ended_is_replaced_before_the_next_audit(
     live_server, site, start_worker
 ):
-    name = "plumb-test-ended-connections"
-    worker = start_named_worker(start_worker, name, concurrency=1)
-    first = post_audit(live_server.url, f"{site.base_url}/", expect=202).json()
-    assert finished(live_server, first, show=[worker])["status"] == "succeeded"
-    held = wait_for(lambda: worker_backends(name), timeout=5,
-                    message="a session the worker holds after its audit", show=[worker])  # fmt: skip
+    worker, _, held = sessions_after_an_audit(live_server, site, start_worker, concurrency=1)
     with connection.cursor() as cursor:
         for pid, _ in held:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
