@@ -126,7 +126,8 @@ def submit_audit(
     audit = _queued_audit(written, trigger=Audit.Trigger.SUBMITTED, **audit_fields)
     values = [*_page_values(written, connection), *_audit_values(audit, connection)]
     with connection.cursor() as cursor:
-        # Prepared: PostgreSQL parsed and planned this statement on every submission.
+        # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
+        # PostgreSQL is one statement").
         cursor.cursor = PreparingCursor(cursor.connection)
         cursor.execute(PAGE_AND_AUDIT_SQL, values)
         audit.page = _page_from_row(cursor.fetchone(), connection)
