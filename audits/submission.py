@@ -10,43 +10,82 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
-from django.db import IntegrityError, router, transaction
-from django.db.models.constants import OnConflict
+from django.db import IntegrityError, connections, router, transaction
 
+from audits.admission import PreparingCursor
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
 from outbound.urls import NormalizedURL
 
 PAGE_FIELDS = Page._meta.concrete_fields
 PAGE_WRITTEN_FIELDS = [field for field in PAGE_FIELDS if not field.primary_key]
+AUDIT_FIELDS = Audit._meta.concrete_fields
+
+
+def _column(model, field_name: str) -> str:
+    return f'"{model._meta.get_field(field_name).column}"'
+
+
+def _columns(fields) -> str:
+    return ", ".join(f'"{field.column}"' for field in fields)
+
+
+# The page's upsert, written once from the model (as the client's holding is, audits.
+# admission): INSERT ... ON CONFLICT (url) DO UPDATE ... RETURNING every column. A new page
+# is written as given; an existing one (or one a racing submission just created) comes
+# back as stored, its domain following its URL; a page removed through the API comes back
+# as a new page would, with the choice and owner of this submission, in the same statement
+# and under the same row lock as the conflict (its previous owner let it go).
+_P = f'"{Page._meta.db_table}"'
+_REMOVED = f"{_P}.{_column(Page, 'removed_at')} IS NOT NULL"
+
+
+def _given_if_removed(field_name: str) -> str:
+    column = _column(Page, field_name)
+    return f"{column} = CASE WHEN {_REMOVED} THEN EXCLUDED.{column} ELSE {_P}.{column} END"
+
+
+PAGE_UPSERT_SQL = (
+    f"INSERT INTO {_P} ({_columns(PAGE_WRITTEN_FIELDS)}) "
+    f"VALUES ({', '.join(['%s'] * len(PAGE_WRITTEN_FIELDS))}) "
+    f"ON CONFLICT ({_column(Page, 'url')}) DO UPDATE SET "
+    f"{_column(Page, 'domain')} = EXCLUDED.{_column(Page, 'domain')}, "
+    f"{_given_if_removed('reaudit_nightly')}, {_given_if_removed('owner')}, "
+    f"{_column(Page, 'removed_at')} = NULL "
+    f"RETURNING {', '.join(f'{_P}.{_column(Page, field.name)}' for field in PAGE_FIELDS)}"
+)
+# A submission on PostgreSQL: the page's upsert and the audit's insert in one statement,
+# atomic on its own in autocommit (data-modifying CTEs run once, whether read or not), so
+# no BEGIN and no COMMIT either: one round trip where four were. The audit's page id is
+# the upsert's answer; the page comes back only with the audit inserted.
+_A = f'"{Audit._meta.db_table}"'
+_AUDIT_VALUES = ", ".join(
+    f"(SELECT {_column(Page, 'id')} FROM page)" if field.name == "page" else "%s"
+    for field in AUDIT_FIELDS
+)
+PAGE_AND_AUDIT_SQL = (
+    f"WITH page AS ({PAGE_UPSERT_SQL}), "
+    f"audit AS (INSERT INTO {_A} ({_columns(AUDIT_FIELDS)}) VALUES ({_AUDIT_VALUES}) "
+    f"RETURNING {_A}.{_column(Audit, 'id')}) "
+    f"SELECT page.* FROM page CROSS JOIN audit"
+)
 
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False, owner=None) -> Page:
     """The page of `target`, created if new: one upsert that returns the row as it is.
 
-    INSERT ... ON CONFLICT (url) DO UPDATE ... RETURNING every column: a new page is
-    written as given, an existing one (or one another submission created meanwhile)
-    comes back as stored, in the one statement where a lookup, an insert and a re-read
-    took three (DECISIONS.md, "A submission's page is one upsert"). A page removed
-    through the API comes back (with its history) as a new page would: listed,
+    A new page is written as given, an existing one (or one another submission created
+    meanwhile) comes back as stored, in the one statement where a lookup, an insert and
+    a re-read took three (DECISIONS.md, "A submission's page is one upsert"). A page
+    removed through the API comes back (with its history) as a new page would: listed,
     re-audited as `reaudit_nightly` says, owned by `owner`: its previous owner let it
     go. An existing page keeps its choice and its owner (None: anonymous, staff's).
     """
-    written = Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly,
-                   owner=owner)  # fmt: skip
-    # On a conflict the row keeps everything but its domain, which follows from the URL.
-    (values,) = Page.objects._insert(
-        [written], fields=PAGE_WRITTEN_FIELDS, returning_fields=PAGE_FIELDS,
-        on_conflict=OnConflict.UPDATE, update_fields=[Page._meta.get_field("domain")],
-        unique_fields=[Page._meta.get_field("url")],
-    )  # fmt: skip
-    page = Page.from_db(router.db_for_write(Page), [f.attname for f in PAGE_FIELDS], values)
-    if page.removed_at is not None:
-        Page.objects.filter(id=page.id, removed_at__isnull=False).update(
-            removed_at=None, reaudit_nightly=reaudit_nightly, owner=owner
-        )
-        page.refresh_from_db()
-    return page
+    connection = connections[router.db_for_write(Page)]
+    written = _new_page(target, reaudit_nightly=reaudit_nightly, owner=owner)
+    with connection.cursor() as cursor:
+        cursor.execute(PAGE_UPSERT_SQL, _page_values(written, connection))
+        return _page_from_row(cursor.fetchone(), connection)
 
 
 def submit_audit(
@@ -67,19 +106,35 @@ def submit_audit(
     owns a page it creates, and is the only one ever shown the audit's callback URL.
     `client` (audits.admission.client_key) is who the audit counts against until it
     finishes.
+
+    On PostgreSQL the page and the audit are one statement (PAGE_AND_AUDIT_SQL). SQLite
+    has no data-modifying CTE, and its statements are calls within this process, not
+    round trips: the page's upsert and the audit's insert, in one transaction.
     """
-    with transaction.atomic():
-        page = get_or_create_page(
-            target, reaudit_nightly=trusted and settings.REAUDIT_NEW_PAGES, owner=submitter
-        )
-        audit, _ = create_and_enqueue_audit(
-            page,
-            trigger=Audit.Trigger.SUBMITTED,
-            callback_url=callback_url,
-            callback_secret=callback_secret,
-            submitter=submitter,
-            client=client,
-        )
+    reaudit_nightly = trusted and settings.REAUDIT_NEW_PAGES
+    audit_fields = {"callback_url": callback_url, "callback_secret": callback_secret,
+                    "submitter": submitter, "client": client}  # fmt: skip
+    connection = connections[router.db_for_write(Audit)]
+    if connection.vendor != "postgresql":
+        with transaction.atomic(using=connection.alias):
+            page = get_or_create_page(target, reaudit_nightly=reaudit_nightly, owner=submitter)
+            audit, _ = create_and_enqueue_audit(
+                page, trigger=Audit.Trigger.SUBMITTED, **audit_fields
+            )
+        return audit
+    written = _new_page(target, reaudit_nightly=reaudit_nightly, owner=submitter)
+    audit = _queued_audit(written, trigger=Audit.Trigger.SUBMITTED, **audit_fields)
+    values = [*_page_values(written, connection), *_audit_values(audit, connection)]
+    with connection.cursor() as cursor:
+        # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
+        # PostgreSQL is one statement").
+        cursor.cursor = PreparingCursor(cursor.connection)
+        cursor.execute(PAGE_AND_AUDIT_SQL, values)
+        audit.page = _page_from_row(cursor.fetchone(), connection)
+    audit._state.adding, audit._state.db = False, connection.alias
+    # In autocommit the statement was its own transaction, so this publishes now; inside
+    # a caller's transaction, once that commits.
+    transaction.on_commit(lambda: enqueue_audit(audit), using=connection.alias)
     return audit
 
 
@@ -99,11 +154,10 @@ def create_and_enqueue_audit(
     the unique constraint turns the second insert into a lookup of the first
     audit, even when two callers race.
     """
-    audit = Audit(
-        page=page,
+    audit = _queued_audit(
+        page,
         trigger=trigger,
         idempotency_key=idempotency_key,
-        task_id=str(uuid.uuid4()),
         callback_url=callback_url,
         callback_secret=callback_secret,
         submitter=submitter,
@@ -119,3 +173,43 @@ def create_and_enqueue_audit(
             return Audit.objects.get(idempotency_key=idempotency_key), False
     transaction.on_commit(lambda: enqueue_audit(audit))
     return audit, True
+
+
+def _new_page(target: NormalizedURL, *, reaudit_nightly: bool, owner) -> Page:
+    return Page(url=target.url, domain=target.domain, reaudit_nightly=reaudit_nightly,
+                owner=owner)  # fmt: skip
+
+
+def _queued_audit(page: Page, *, trigger: str, **fields) -> Audit:
+    """A queued audit of `page`, not saved: a new task id, the rest as given."""
+    return Audit(page=page, trigger=trigger, task_id=str(uuid.uuid4()), **fields)
+
+
+def _page_values(page: Page, connection) -> list:
+    """The parameters of PAGE_UPSERT_SQL, prepared as Django's insert prepares them."""
+    return [
+        field.get_db_prep_save(field.pre_save(page, add=True), connection)
+        for field in PAGE_WRITTEN_FIELDS
+    ]
+
+
+def _audit_values(audit: Audit, connection) -> list:
+    """The parameters of PAGE_AND_AUDIT_SQL's audit: every column but its page's id."""
+    return [
+        field.get_db_prep_save(field.pre_save(audit, add=True), connection)
+        for field in AUDIT_FIELDS
+        if field.name != "page"
+    ]
+
+
+def _page_from_row(row, connection) -> Page:
+    """The page as the upsert returned it, each value converted as a query's would be."""
+    values = list(row)
+    for index, field in enumerate(PAGE_FIELDS):
+        column = field.get_col(Page._meta.db_table)
+        for convert in [
+            *connection.ops.get_db_converters(column),
+            *column.get_db_converters(connection),
+        ]:
+            values[index] = convert(values[index], column, connection)
+    return Page.from_db(connection.alias, [field.attname for field in PAGE_FIELDS], values)

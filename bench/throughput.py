@@ -441,24 +441,41 @@ def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
 
 
 def submissions(args, site: str, logs: Path, redis_url: str) -> dict:
-    """POST /api/audits alone, then the minimal reference view on the same gunicorn line."""
-    stack = Stack(args, logs, redis_url)
-    try:
-        stack.start_web()
-        stack.submit(spread(site, "warm", 50))
-        started, ended = stack.submit(spread(site, "submit", args.count))
-        plumb = args.count / (ended - started)
-    finally:
-        stack.stop()
-    view = ReferenceView(args, stack.commands["web"], redis_url, logs, queue="reference")
+    """POST /api/audits alone (and from --baseline's checkout), then the minimal reference
+    view on the same gunicorn line."""
+    measured = {"plumb": plumb_submissions(args, site, logs, redis_url)}
+    if args.baseline:
+        measured["baseline"] = plumb_submissions(
+            args, site, logs, redis_url, checkout=args.baseline.resolve()
+        )
+    view = ReferenceView(args, stack_commands({**os.environ, **STACK_ENV})["web"], redis_url,
+                         logs, queue="reference")  # fmt: skip
     try:
         submit(view.api, spread(site, "warm", 50))
         started, ended = submit(view.api, spread(site, "ref", args.count))
-        minimal = args.count / (ended - started)
+        measured["reference"] = {"per_second": args.count / (ended - started)}
     finally:
         view.stop()
         redis.Redis.from_url(redis_url).flushdb()
-    return {"plumb": {"per_second": plumb}, "reference": {"per_second": minimal}}
+    return measured
+
+
+def plumb_submissions(
+    args, site: str, logs: Path, redis_url: str, *, checkout: Path = ROOT
+) -> dict:
+    """Plumb's web from `checkout` taking `args.count` submissions: their rate, and the web
+    process's CPU per submission (from /proc, its workers included)."""
+    stack = Stack(args, logs, redis_url, checkout)
+    try:
+        stack.start_web()
+        stack.submit(spread(site, "warm", 50))
+        cpu_before = cpu_seconds([stack.web])
+        started, ended = stack.submit(spread(site, "submit", args.count))
+        cpu_ms = (cpu_seconds([stack.web]) - cpu_before) * 1000 / args.count
+    finally:
+        stack.stop()
+        redis.Redis.from_url(redis_url).flushdb()
+    return {"per_second": args.count / (ended - started), "web_cpu_ms_per_submission": cpu_ms}
 
 
 def plain_celery_over_http(args, site: str, logs: Path, redis_url: str) -> dict:
@@ -542,6 +559,14 @@ def report(results: dict, args) -> None:
         print(
             f"| {measure:<44} | {value:7.1f} | {against:<34} | {ratio:.2f}x | {goal:<7} | {''.join(each)} |"
         )
+    for n, measured in enumerate(results.get("submit", []), start=1):
+        line = (f"submit round {n}: {measured['plumb']['per_second']:.1f}/s, web CPU "
+                f"{measured['plumb']['web_cpu_ms_per_submission']:.2f} ms a submission")  # fmt: skip
+        if "baseline" in measured:
+            old = measured["baseline"]
+            line += (f"; {args.baseline} {old['per_second']:.1f}/s, "
+                     f"{old['web_cpu_ms_per_submission']:.2f} ms")  # fmt: skip
+        print(f"{line}; minimal view {measured['reference']['per_second']:.1f}/s")
     for phase in ("fast", "slow"):
         baseline = [r for r in results.get(phase, []) if "baseline" in r]
         if baseline:
@@ -588,7 +613,8 @@ def main() -> int:
         "--baseline", type=Path, metavar="CHECKOUT",
         help="also run Plumb's end to end from this checkout (another commit's worktree, run "
         "with this virtualenv) right after this one's, in each round of `fast` and `slow`, "
-        "and report both CPU costs per audit and their ratio",
+        "and report both CPU costs per audit and their ratio; in `submit`, its web too, "
+        "reporting both rates and both web CPU costs per submission",
     )  # fmt: skip
     parser.add_argument("--skip-references", action="store_true",
                         help="run only Plumb (and --baseline) in `fast` and `slow`")  # fmt: skip
