@@ -178,7 +178,7 @@ class AuditQuerySet(models.QuerySet):
                     # nothing.
                     updated = AUDIT_JOB.finish(audit_id, status, **fields)
                 if updated and page_fields:
-                    Page.objects.filter(id=page_id).update(**page_fields)
+                    _update_page(page_id, page_fields, connection)
             if updated:
                 # Inside the finish's transaction: what a listener owes because of it (a
                 # webhook delivery's row) commits with the finish or not at all, and it
@@ -292,6 +292,19 @@ class AuditQuerySet(models.QuerySet):
         if row is None:
             return None
         return Audit._meta.get_field("result").from_db_value(row[0], None, connection)
+
+
+def _update_page(page_id: int, page_fields: dict, connection) -> None:
+    """A success's update of its page (its dates, its failing checks), written from the
+    fields it sets, as the finish's other statements are: an ORM update compiled its
+    query on every success."""
+    fields = [Page._meta.get_field(name) for name in page_fields]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in fields)
+    params = [field.get_db_prep_save(page_fields[field.name], connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE {_P} SET {assignments} WHERE "{Page._meta.pk.column}" = %s', [*params, page_id]
+        )
 
 
 def _log_finished(audit_id, status: str, fields: dict) -> None:
