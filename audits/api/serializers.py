@@ -91,13 +91,27 @@ def field_copy(field: serializers.Field) -> serializers.Field:
     return clone
 
 
-class StrictSerializer(serializers.Serializer):
+class FieldsBuiltOnce:
+    """A serializer whose fields are built once per class, each instance binding copies.
+
+    DRF builds a serializer's fields for every instance: a ModelSerializer's from the
+    model's metadata (a tenth of a submission's CPU under py-spy), any serializer's as
+    copies of its declared ones. They depend only on the class, so they are built once,
+    DRF's way, and each instance gets a `field_copy` of each.
+    """
+
+    def get_fields(self):
+        cls = type(self)
+        built = cls.__dict__.get("_built_fields")
+        if built is None:
+            built = cls._built_fields = super().get_fields()
+        return {name: field_copy(field) for name, field in built.items()}
+
+
+class StrictSerializer(FieldsBuiltOnce, serializers.Serializer):
     """Refuses fields it does not know, so a typo is an error, not silently ignored."""
 
     refuses_unknown_fields = True  # the schema says so: additionalProperties false
-
-    def get_fields(self):
-        return {name: field_copy(field) for name, field in self._declared_fields.items()}
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
@@ -233,21 +247,8 @@ class ResultField(serializers.JSONField):
     pass
 
 
-class BuiltOnceModelSerializer(serializers.ModelSerializer):
-    """A ModelSerializer whose fields are built from the model once per class.
-
-    DRF builds a ModelSerializer's fields from the model's metadata for every instance (a
-    tenth of a submission's CPU under py-spy); they depend only on the class, so each
-    instance gets a copy of the class's (`field_copy`).
-    """
-
-    def get_fields(self):
-        cls = type(self)
-        built = cls.__dict__.get("_built_fields")
-        if built is None:
-            built = cls._built_fields = super().get_fields()
-        return {name: field_copy(field) for name, field in built.items()}
-
+class BuiltOnceModelSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+    """A ModelSerializer whose fields are built from the model once per class."""
 
 
 def viewer(context: dict):
