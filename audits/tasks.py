@@ -141,7 +141,14 @@ def enqueue_audit(audit: Audit) -> bool:
     """
     try:
         run_audit.apply_async(
-            args=[str(audit.id)], task_id=audit.task_id, queue=settings.AUDIT_QUEUE
+            args=[str(audit.id)],
+            task_id=audit.task_id,
+            queue=settings.AUDIT_QUEUE,
+            # Nothing to declare: the message goes by the default exchange straight onto
+            # the queue's list, and the workers consuming the queue declare it. Declared
+            # here, every publish had kombu check its cache of declarations (a copy of the
+            # queue bound to the channel, inside another retry wrapper).
+            declare=[],
         )
     except (OperationalError, RedisError, OSError) as exc:
         log.error(

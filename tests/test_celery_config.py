@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 
-from config.celery_app import app, transport_options_for_queue
+from audits.models import Audit
+from audits.tasks import enqueue_audit
+from config.celery_app import app, queue_list_keys, transport_options_for_queue
 from tests.workers import ROOT
 
 
@@ -20,6 +23,16 @@ def test_each_queue_has_its_own_unacked_keys_and_timeout(settings):
     assert reaudit["visibility_timeout"] == settings.REAUDIT_VISIBILITY_TIMEOUT_SECONDS
     # Restores are scanned well inside the timeout, not kombu's default 100 s.
     assert audits["unacked_restore_interval"] * audits["unacked_restore_throttle"] <= 30
+
+
+def test_an_audit_is_queued_before_any_worker_declared_its_queue(redis_client):
+    # The publish declares nothing (DECISIONS.md, "The audit's publish declares nothing"):
+    # Celery sends it by the anonymous exchange, straight onto the queue's list, so a web
+    # that starts before any worker, or a Redis that came back empty, still queues it.
+    assert not redis_client.keys("_kombu.binding*")
+    audit = Audit(id=uuid.uuid4(), task_id=str(uuid.uuid4()), trigger=Audit.Trigger.SUBMITTED)
+    assert enqueue_audit(audit)
+    assert sum(redis_client.llen(key) for key in queue_list_keys("audits")) == 1
 
 
 def test_a_worker_for_two_queues_refuses_to_start():
