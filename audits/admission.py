@@ -44,7 +44,6 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import psycopg
 import redis
 from django.conf import settings
 from django.db import connections, router
@@ -53,6 +52,7 @@ from audits.models import Audit, LinkCheck
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
 from jobs.policy import DATABASE_UNAVAILABLE, wait_horizon
+from jobs.sql import preparing_cursor
 from observability import gauges
 from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
@@ -212,7 +212,7 @@ def _sql_list(values) -> str:
 
 
 # Written once, not compiled by the ORM on every submission (1.6 ms of CPU a call), and
-# prepared on PostgreSQL (client_holding). Two counts, so the link checks are read only
+# prepared on PostgreSQL (jobs.sql). Two counts, so the link checks are read only
 # for the client's audits checking links, through their own index: a join of every
 # unfinished audit to its checks was planned as a scan of every link check once the
 # client held a few dozen audits (DECISIONS.md, "The client's holding is one prepared
@@ -231,15 +231,6 @@ SELECT
 """
 
 
-class PreparingCursor(psycopg.Cursor):
-    """psycopg's server-binding cursor, preparing what it runs: PostgreSQL parses and
-    plans the statement once per connection, then each call only binds and executes.
-    Django's own cursors bind client-side and never prepare (settings: prepare_threshold)."""
-
-    def execute(self, query, params=None, *, prepare=True, **kwargs):
-        return super().execute(query, params, prepare=prepare, **kwargs)
-
-
 def client_holding(client_key: str) -> int:
     """What `client_key` holds of the backlog, read from the record in one query: each
     of its audits not finished is one entry, except that an audit checking links holds
@@ -247,12 +238,8 @@ def client_holding(client_key: str) -> int:
     work ("") belongs to no client."""
     if not client_key:
         return 0
-    db = connections[router.db_for_read(Audit)]
-    # Django's cursor: its health check, its error classes and its query log.
-    with db.cursor() as cursor:
-        if db.vendor == "postgresql":
-            # Planning the statement cost more than running it, on every submission.
-            cursor.cursor = PreparingCursor(cursor.connection)
+    # Prepared: planning the statement cost more than running it, on every submission.
+    with preparing_cursor(connections[router.db_for_read(Audit)]) as cursor:
         cursor.execute(CLIENT_HOLDING_SQL, [client_key, client_key])
         audits, checks = cursor.fetchone()
     return audits + checks

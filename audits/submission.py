@@ -12,9 +12,9 @@ import uuid
 from django.conf import settings
 from django.db import IntegrityError, connections, router, transaction
 
-from audits.admission import PreparingCursor
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
+from jobs.sql import column_converters, converted, preparing_cursor
 from outbound.urls import NormalizedURL
 
 PAGE_FIELDS = Page._meta.concrete_fields
@@ -125,10 +125,9 @@ def submit_audit(
     written = _new_page(target, reaudit_nightly=reaudit_nightly, owner=submitter)
     audit = _queued_audit(written, trigger=Audit.Trigger.SUBMITTED, **audit_fields)
     values = [*_page_values(written, connection), *_audit_values(audit, connection)]
-    with connection.cursor() as cursor:
-        # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
-        # PostgreSQL is one statement").
-        cursor.cursor = PreparingCursor(cursor.connection)
+    # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
+    # PostgreSQL is one statement").
+    with preparing_cursor(connection) as cursor:
         cursor.execute(PAGE_AND_AUDIT_SQL, values)
         audit.page = _page_from_row(cursor.fetchone(), connection)
     audit._state.adding, audit._state.db = False, connection.alias
@@ -204,12 +203,7 @@ def _audit_values(audit: Audit, connection) -> list:
 
 def _page_from_row(row, connection) -> Page:
     """The page as the upsert returned it, each value converted as a query's would be."""
-    values = list(row)
-    for index, field in enumerate(PAGE_FIELDS):
-        column = field.get_col(Page._meta.db_table)
-        for convert in [
-            *connection.ops.get_db_converters(column),
-            *column.get_db_converters(connection),
-        ]:
-            values[index] = convert(values[index], column, connection)
+    converters = [column_converters(field.get_col(Page._meta.db_table), connection)
+                  for field in PAGE_FIELDS]  # fmt: skip
+    values = converted(row, converters, connection)
     return Page.from_db(connection.alias, [field.attname for field in PAGE_FIELDS], values)

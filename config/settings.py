@@ -142,7 +142,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # task is retried) instead of hanging a pool process.
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
     # psycopg prepares a statement only when asked (execute(prepare=True): the client's
-    # holding, audits.admission.PreparingCursor). Django's cursors bind client-side and
+    # holding, jobs.sql.PreparingCursor). Django's cursors bind client-side and
     # never prepare; its default None would refuse the one statement that asks too.
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = sys.maxsize
     # A prepared statement keeps its one plan for any client: PostgreSQL's default

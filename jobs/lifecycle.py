@@ -40,6 +40,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs.deadlines import Deadline
+from jobs.sql import column_converters, converted
 
 # Rows a source publishes again in one tick by the age rule (each then carries its new
 # `published_at`, so the next tick goes on from there). After Redis lost data a tick
@@ -128,12 +129,7 @@ class _Statement:
             row = cursor.fetchone()
         if row is None:
             return None
-        values = []
-        for value, (col, converters) in zip(row, self.converters, strict=True):
-            for converter in converters:
-                value = converter(value, col, connection)
-            values.append(value)
-        return tuple(values)
+        return converted(row, self.converters, connection)
 
 
 def several_statements_in_one_query(connection) -> bool:
@@ -411,11 +407,8 @@ class Job:
                 )
             )
         sql += " RETURNING " + ", ".join(expression for expression, _ in outputs)
-        converters = []
-        for _, output in outputs:
-            col = Col(meta.db_table, output)
-            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            converters.append((col, found))
+        converters = [column_converters(Col(meta.db_table, output), connection)
+                      for _, output in outputs]  # fmt: skip
         if before_sql:
             if not several_statements_in_one_query(connection):
                 raise ValueError(f"{connection.vendor} runs one statement per query")

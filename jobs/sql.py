@@ -1,0 +1,51 @@
+"""Statements written once, run as the ORM runs its own.
+
+The hot paths' SQL (a job's claim and finish, a submission, the client's holding) is
+written at import from the models' tables and columns, not compiled by the ORM on every
+call. What the ORM does around a statement stays: Django's cursor (its health check, its
+error classes, its query log), each value read back through its field's converters, and,
+on PostgreSQL, a statement prepared once per connection where planning it cost more than
+running it (DECISIONS.md, "The client's holding is one prepared statement").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import psycopg
+from django.db.models.expressions import Col
+
+
+class PreparingCursor(psycopg.Cursor):
+    """psycopg's server-binding cursor, preparing what it runs: PostgreSQL parses and
+    plans the statement once per connection, then each call only binds and executes.
+    Django's own cursors bind client-side and never prepare (settings: prepare_threshold)."""
+
+    def execute(self, query, params=None, *, prepare=True, **kwargs):
+        return super().execute(query, params, prepare=prepare, **kwargs)
+
+
+@contextlib.contextmanager
+def preparing_cursor(connection) -> Iterator:
+    """Django's cursor on `connection`, whose statements PostgreSQL prepares
+    (PreparingCursor in Django's wrapper); SQLite runs them as Django's cursor does."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.cursor = PreparingCursor(cursor.connection)
+        yield cursor
+
+
+def column_converters(col: Col, connection) -> tuple[Col, list]:
+    """`col` with the converters the ORM reads its values through on `connection`."""
+    return col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+
+
+def converted(row: Sequence, converters: Sequence[tuple[Col, list]], connection) -> tuple:
+    """`row` as the ORM would read it: each value through its column's converters."""
+    values = []
+    for value, (col, found) in zip(row, converters, strict=True):
+        for converter in found:
+            value = converter(value, col, connection)
+        values.append(value)
+    return tuple(values)
