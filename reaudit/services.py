@@ -21,7 +21,7 @@ from itertools import islice
 
 from celery import Task
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
 from audits.models import Audit, Page
@@ -292,6 +292,31 @@ def resume(night: FanOut, *, night_tasks: NightTasks) -> int | None:
     return index
 
 
+# A placement's read of its page and its write of `fired_at`, written once from the models
+# (as an audit's own statements are, jobs.sql): the ORM compiling them was most of a
+# placement's CPU (DECISIONS.md, "A placement's statements are written once").
+_PAGE, _PLACEMENT, _FAN_OUT = Page._meta, Placement._meta, FanOut._meta
+
+
+def _column(meta, name: str) -> str:
+    return f'"{meta.get_field(name).column}"'
+
+
+_REMOVED_AT, _REAUDITED = _column(_PAGE, "removed_at"), _column(_PAGE, "reaudit_nightly")
+_FIRED_AT, _FAN_OUT_ID, _PAGE_ID = (
+    _column(_PLACEMENT, name) for name in ("fired_at", "fan_out", "page")
+)
+_NIGHT_OF_DAY = f'SELECT "{_FAN_OUT.pk.column}" FROM "{_FAN_OUT.db_table}" WHERE {_column(_FAN_OUT, "day")} = %s'
+PAGE_REAUDITED_SQL = (
+    f'SELECT 1 FROM "{_PAGE.db_table}" WHERE "{_PAGE.pk.column}" = %s '
+    f"AND {_REMOVED_AT} IS NULL AND {_REAUDITED} = %s"
+)
+PLACEMENT_FIRED_SQL = (
+    f'UPDATE "{_PLACEMENT.db_table}" SET {_FIRED_AT} = %s '
+    f"WHERE {_FAN_OUT_ID} = ({_NIGHT_OF_DAY}) AND {_PAGE_ID} = %s AND {_FIRED_AT} IS NULL"
+)
+
+
 def fire_placement(page_id: int, day: date) -> Audit | None:
     """A placement's moment: create the page's re-audit for `day` and enqueue it, once.
 
@@ -299,17 +324,25 @@ def fire_placement(page_id: int, day: date) -> Audit | None:
     idempotency key and creates and enqueues nothing. A page deleted or no longer
     marked for re-audit since the fan-out (or removed through the API) is skipped.
     """
-    page = Page.objects.reaudited_nightly().filter(id=page_id).first()
-    with transaction.atomic():
-        Placement.objects.filter(fan_out__day=day, page_id=page_id, fired_at=None).update(
-            fired_at=timezone.now()
-        )
-        if page is None:
+    connection = connections[router.db_for_write(Placement)]
+    with connection.cursor() as cursor:
+        cursor.execute(PAGE_REAUDITED_SQL, [page_id, True])
+        reaudited = cursor.fetchone() is not None
+    with transaction.atomic(using=connection.alias):
+        with connection.cursor() as cursor:
+            cursor.execute(PLACEMENT_FIRED_SQL, [
+                _PLACEMENT.get_field("fired_at").get_db_prep_value(timezone.now(), connection),
+                _FAN_OUT.get_field("day").get_db_prep_value(day, connection),
+                page_id,
+            ])  # fmt: skip
+        if not reaudited:
             log.info("reaudit.placement_skipped", extra={"page_id": page_id, "day": str(day)})
             return None
+        # The page is known by its id: the audit needs nothing else of it.
         audit, created = create_and_enqueue_audit(
-            page, trigger=Audit.Trigger.REAUDIT, idempotency_key=placement_key(page_id, day)
-        )
+            Page(pk=page_id), trigger=Audit.Trigger.REAUDIT,
+            idempotency_key=placement_key(page_id, day),
+        )  # fmt: skip
     log.info(
         "reaudit.placed",
         extra={
