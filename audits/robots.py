@@ -65,7 +65,7 @@ RECENT_MAX = 1024
 # When the origin's stored file was read, if it was (and is fresh, with the second):
 # written once, as the audit's own statements are (audits.models), because every audit
 # asks it and Django compiling the filter cost more than running it (DECISIONS.md,
-# "The robots.txt an audit reads is one statement written once").
+# "robots.txt's freshness is one statement written once").
 _ROBOTS = RobotsTxt._meta
 _ROBOTS_READ_SQL = (
     f'SELECT "fetched_at" FROM "{_ROBOTS.db_table}" WHERE "origin" = %s AND "availability" <> \'\''
