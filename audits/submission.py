@@ -14,16 +14,12 @@ from django.db import IntegrityError, connections, router, transaction
 
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
-from jobs.sql import column_converters, converted, preparing_cursor
+from jobs.sql import column, column_converters, converted, preparing_cursor
 from outbound.urls import NormalizedURL
 
 PAGE_FIELDS = Page._meta.concrete_fields
 PAGE_WRITTEN_FIELDS = [field for field in PAGE_FIELDS if not field.primary_key]
 AUDIT_FIELDS = Audit._meta.concrete_fields
-
-
-def _column(model, field_name: str) -> str:
-    return f'"{model._meta.get_field(field_name).column}"'
 
 
 def _columns(fields) -> str:
@@ -37,22 +33,22 @@ def _columns(fields) -> str:
 # as a new page would, with the choice and owner of this submission, in the same statement
 # and under the same row lock as the conflict (its previous owner let it go).
 _P = f'"{Page._meta.db_table}"'
-_REMOVED = f"{_P}.{_column(Page, 'removed_at')} IS NOT NULL"
+_REMOVED = f"{_P}.{column(Page, 'removed_at')} IS NOT NULL"
 
 
 def _given_if_removed(field_name: str) -> str:
-    column = _column(Page, field_name)
-    return f"{column} = CASE WHEN {_REMOVED} THEN EXCLUDED.{column} ELSE {_P}.{column} END"
+    name = column(Page, field_name)
+    return f"{name} = CASE WHEN {_REMOVED} THEN EXCLUDED.{name} ELSE {_P}.{name} END"
 
 
 PAGE_UPSERT_SQL = (
     f"INSERT INTO {_P} ({_columns(PAGE_WRITTEN_FIELDS)}) "
     f"VALUES ({', '.join(['%s'] * len(PAGE_WRITTEN_FIELDS))}) "
-    f"ON CONFLICT ({_column(Page, 'url')}) DO UPDATE SET "
-    f"{_column(Page, 'domain')} = EXCLUDED.{_column(Page, 'domain')}, "
+    f"ON CONFLICT ({column(Page, 'url')}) DO UPDATE SET "
+    f"{column(Page, 'domain')} = EXCLUDED.{column(Page, 'domain')}, "
     f"{_given_if_removed('reaudit_nightly')}, {_given_if_removed('owner')}, "
-    f"{_column(Page, 'removed_at')} = NULL "
-    f"RETURNING {', '.join(f'{_P}.{_column(Page, field.name)}' for field in PAGE_FIELDS)}"
+    f"{column(Page, 'removed_at')} = NULL "
+    f"RETURNING {', '.join(f'{_P}.{column(Page, field.name)}' for field in PAGE_FIELDS)}"
 )
 # A submission on PostgreSQL: the page's upsert and the audit's insert in one statement,
 # atomic on its own in autocommit (data-modifying CTEs run once, whether read or not), so
@@ -60,13 +56,13 @@ PAGE_UPSERT_SQL = (
 # the upsert's answer; the page comes back only with the audit inserted.
 _A = f'"{Audit._meta.db_table}"'
 _AUDIT_VALUES = ", ".join(
-    f"(SELECT {_column(Page, 'id')} FROM page)" if field.name == "page" else "%s"
+    f"(SELECT {column(Page, 'id')} FROM page)" if field.name == "page" else "%s"
     for field in AUDIT_FIELDS
 )
 PAGE_AND_AUDIT_SQL = (
     f"WITH page AS ({PAGE_UPSERT_SQL}), "
     f"audit AS (INSERT INTO {_A} ({_columns(AUDIT_FIELDS)}) VALUES ({_AUDIT_VALUES}) "
-    f"RETURNING {_A}.{_column(Audit, 'id')}) "
+    f"RETURNING {_A}.{column(Audit, 'id')}) "
     f"SELECT page.* FROM page CROSS JOIN audit"
 )
 

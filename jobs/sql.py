@@ -17,6 +17,11 @@ import psycopg
 from django.db.models.expressions import Col
 
 
+def column(model, field_name: str) -> str:
+    """The quoted column of `model`'s field, for a statement written from the model."""
+    return f'"{model._meta.get_field(field_name).column}"'
+
+
 class PreparingCursor(psycopg.Cursor):
     """psycopg's server-binding cursor, preparing what it runs: PostgreSQL parses and
     plans the statement once per connection, then each call only binds and executes.

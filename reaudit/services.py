@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from audits.models import Audit, Page
 from audits.submission import create_and_enqueue_audit
+from jobs.sql import column
 from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.offsets import domain_offset, page_offset, slice_count, slice_of
 
@@ -296,17 +297,13 @@ def resume(night: FanOut, *, night_tasks: NightTasks) -> int | None:
 # (as an audit's own statements are, jobs.sql): the ORM compiling them was most of a
 # placement's CPU (DECISIONS.md, "A placement's statements are written once").
 _PAGE, _PLACEMENT, _FAN_OUT = Page._meta, Placement._meta, FanOut._meta
-
-
-def _column(meta, name: str) -> str:
-    return f'"{meta.get_field(name).column}"'
-
-
-_REMOVED_AT, _REAUDITED = _column(_PAGE, "removed_at"), _column(_PAGE, "reaudit_nightly")
+_REMOVED_AT, _REAUDITED = column(Page, "removed_at"), column(Page, "reaudit_nightly")
 _FIRED_AT, _FAN_OUT_ID, _PAGE_ID = (
-    _column(_PLACEMENT, name) for name in ("fired_at", "fan_out", "page")
+    column(Placement, name) for name in ("fired_at", "fan_out", "page")
 )
-_NIGHT_OF_DAY = f'SELECT "{_FAN_OUT.pk.column}" FROM "{_FAN_OUT.db_table}" WHERE {_column(_FAN_OUT, "day")} = %s'
+_NIGHT_OF_DAY = (
+    f'SELECT "{_FAN_OUT.pk.column}" FROM "{_FAN_OUT.db_table}" WHERE {column(FanOut, "day")} = %s'
+)
 PAGE_REAUDITED_SQL = (
     f'SELECT 1 FROM "{_PAGE.db_table}" WHERE "{_PAGE.pk.column}" = %s '
     f"AND {_REMOVED_AT} IS NULL AND {_REAUDITED} = %s"
