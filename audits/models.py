@@ -14,6 +14,7 @@ from audits.signals import audit_finished
 from jobs.deadlines import Deadline
 from jobs.lifecycle import SQL, Job, Returned, several_statements_in_one_query
 from jobs.models import JobRow
+from jobs.sql import preparing_cursor
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ class AuditQuerySet(models.QuerySet):
         """The audit's status and its page's URL (its task's breaker is the page's origin's),
         read by a statement written once: every attempt asks it before it runs."""
         connection = connections[self.db]
-        with connection.cursor() as cursor:
+        with preparing_cursor(connection) as cursor:
             cursor.execute(
                 STATUS_AND_URL_SQL, [Audit._meta.pk.get_db_prep_value(audit_id, connection)]
             )
@@ -278,12 +279,12 @@ class AuditQuerySet(models.QuerySet):
         sql = UNFINISHED_LOCKING_PAGE_SQL
         if not connection.features.has_select_for_update:
             sql = UNFINISHED_SQL
-        with connection.cursor() as cursor:
+        with preparing_cursor(connection) as cursor:
             cursor.execute(sql, [Audit._meta.pk.get_db_prep_value(audit_id, connection)])
             return cursor.fetchone()
 
     def _previous_success(self, page_id: int, audit_id, connection) -> dict | None:
-        with connection.cursor() as cursor:
+        with preparing_cursor(connection) as cursor:
             cursor.execute(
                 PREVIOUS_SUCCESS_SQL,
                 [page_id, Audit._meta.pk.get_db_prep_value(audit_id, connection)],
@@ -301,7 +302,7 @@ def _update_page(page_id: int, page_fields: dict, connection) -> None:
     fields = [Page._meta.get_field(name) for name in page_fields]
     assignments = ", ".join(f'"{field.column}" = %s' for field in fields)
     params = [field.get_db_prep_save(page_fields[field.name], connection) for field in fields]
-    with connection.cursor() as cursor:
+    with preparing_cursor(connection) as cursor:
         cursor.execute(
             f'UPDATE {_P} SET {assignments} WHERE "{Page._meta.pk.column}" = %s', [*params, page_id]
         )

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from audits.models import RobotsTxt
 from jobs.errors import RateLimited
+from jobs.sql import preparing_cursor
 from outbound.guard import TargetNotAllowed
 from outbound.integrations import robots
 from outbound.integrations.links import LinkVerdict
@@ -79,7 +80,7 @@ _ROBOTS_FILE_SQL = (
 
 
 def _query_one(connection, sql: str, params: list) -> tuple | None:
-    with connection.cursor() as cursor:
+    with preparing_cursor(connection) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 

@@ -40,7 +40,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs.deadlines import Deadline
-from jobs.sql import column_converters, converted
+from jobs.sql import column_converters, converted, preparing_cursor
 
 # Rows a source publishes again in one tick by the age rule (each then carries its new
 # `published_at`, so the next tick goes on from there). After Redis lost data a tick
@@ -119,9 +119,13 @@ class _Statement:
     def run(self, connection, params: list):
         """The row the statement changed, its returned values converted as the ORM
         converts them; None when no row changed."""
+        # Prepared, unless it is a query of several statements, which cannot be.
+        statement_cursor = (
+            connection.cursor() if self.results_before else preparing_cursor(connection)
+        )
         with (
             transaction.mark_for_rollback_on_error(using=connection.alias),
-            connection.cursor() as cursor,
+            statement_cursor as cursor,
         ):
             cursor.execute(self.sql, [*params, *self.returning_params])
             for _ in range(self.results_before):

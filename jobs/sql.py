@@ -1,11 +1,12 @@
 """Statements written once, run as the ORM runs its own.
 
-The hot paths' SQL (a job's claim and finish, a submission, the client's holding) is
-written at import from the models' tables and columns, not compiled by the ORM on every
-call. What the ORM does around a statement stays: Django's cursor (its health check, its
-error classes, its query log), each value read back through its field's converters, and,
-on PostgreSQL, a statement prepared once per connection where planning it cost more than
-running it (DECISIONS.md, "The client's holding is one prepared statement").
+The hot paths' SQL (a job's claim and finish, an audit's finish, robots.txt's freshness, a
+submission, the client's holding) is written at import from the models' tables and columns,
+not compiled by the ORM on every call. What the ORM does around a statement stays: Django's
+cursor (its health check, its error classes, its query log), each value read back through
+its field's converters. On PostgreSQL each is prepared once per connection: planning them
+cost more than running them (DECISIONS.md, "The client's holding is one prepared statement",
+"An attempt's statements are prepared").
 """
 
 from __future__ import annotations
@@ -34,9 +35,15 @@ class PreparingCursor(psycopg.Cursor):
 @contextlib.contextmanager
 def preparing_cursor(connection) -> Iterator:
     """Django's cursor on `connection`, whose statements PostgreSQL prepares
-    (PreparingCursor in Django's wrapper); SQLite runs them as Django's cursor does."""
+    (PreparingCursor in Django's wrapper); SQLite runs them as Django's cursor does.
+
+    Not while Django logs queries (DEBUG, a test capturing them): psycopg keeps no text
+    for a statement prepared by an earlier cursor, so the log would hold None where the
+    statement was. Logged, a statement is bound client-side as Django's own are, and the
+    log holds it with its values, as run.
+    """
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and not connection.queries_logged:
             cursor.cursor = PreparingCursor(cursor.connection)
         yield cursor
 

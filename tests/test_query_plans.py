@@ -15,9 +15,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from audits import admission
+from audits import admission, robots
 from audits.models import Audit, LinkCheck, Page, PreviousSuccess
 from audits.pages import audits_listed, change_counts
+from audits.services import claim_audit
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
 from tests.reaudit_factories import DAY, make_pages
@@ -73,6 +74,16 @@ def test_a_finish_reads_the_page_s_previous_success_from_its_own_index(statistic
     chosen = plan(queries, 'SELECT "audits_audit"."result"')
     assert "Index Scan using audit_page_success_idx" in chosen, chosen
     assert "Bitmap" not in chosen, chosen  # no second index read and ANDed with it
+
+    # Run as a worker runs it (no query log), the statement is prepared, and the plan
+    # PostgreSQL keeps for any page reads the same index.
+    audit = Audit.objects.create(page=page, task_id="later")
+    Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result={"status": 200})
+    kept = prepared_plan(
+        'SELECT "audits_audit"."result"', [page.id, str(audit.id)], "force_generic_plan"
+    )
+    assert "Index Scan using audit_page_success_idx" in kept, kept
+    assert "Bitmap" not in kept, kept
 
 
 @pytest.mark.parametrize("statistics", ["as they are", "fresh"])
@@ -260,3 +271,35 @@ def test_a_client_s_holding_is_planned_once_for_every_client():
             ['"audits_audit"."client" = $1'],
         )
         assert cursor.fetchall() == [(6, 0)]
+
+
+def test_an_attempt_s_statements_are_planned_once_per_connection():
+    # Its host's lookup, its claim, its robots.txt's freshness and its finish's statements
+    # are prepared: PostgreSQL plans each once per connection, where planning them on every
+    # attempt cost more than running them (DECISIONS.md, "An attempt's statements are
+    # prepared"). Each runs here as a worker runs it, twice, and both runs used the plan
+    # kept (settings: plan_cache_mode=force_generic_plan).
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    for n in range(2):
+        audit = Audit.objects.create(page=page, task_id=f"attempt-{n}")
+        assert Audit.objects.status_and_url(audit.id) == (Audit.Status.QUEUED, page.url)
+        assert claim_audit(str(audit.id)) is not None
+        robots.stored("http://127.0.0.1:9")
+        Audit.objects.finish(audit.id, status=Audit.Status.SUCCEEDED, result={"status": 200})
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        prepared = cursor.fetchall()
+    for fragment in (
+        'SELECT "audits_audit"."status", "audits_page"."url"',  # the host's lookup
+        '"attempts" = "attempts" + 1',  # the claim
+        'SELECT "fetched_at" FROM "audits_robotstxt"',  # robots.txt's freshness
+        'FOR UPDATE OF "audits_page"',  # the finish's page lock
+        'SELECT "audits_audit"."result"',  # the previous success
+        '"next_attempt_at" = NULL, "result" = $2',  # the finish
+    ):
+        plans = [(generic, custom) for text, generic, custom in prepared if fragment in text]
+        # Both runs on a kept plan (a finish with a previous success to compare with has a
+        # statement of its own shape).
+        assert plans and sum(generic for generic, _ in plans) == 2, (fragment, prepared)
+        assert all(custom == 0 for _, custom in plans), (fragment, prepared)
