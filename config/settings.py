@@ -588,9 +588,10 @@ WEB_PORT = env_int("WEB_PORT", 8000, minimum=1)
 # audit's URL (`links.self`) in webhook payloads, which are built without a request.
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://{WEB_HOST}:{WEB_PORT}").rstrip("/")
 WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
-# Threads per web process running Django (config.wsgi_threads). One, as Django's ASGI
-# handler ran every sync view in one thread: a process holds one database connection.
-WEB_THREADS = env_int("WEB_THREADS", 1, minimum=1)
+# Threads per web process running Django (config.wsgi_threads), each with its database
+# connection: two, so one request's waits on the database and Redis overlap another's Python
+# (DECISIONS.md, "Two threads a web process").
+WEB_THREADS = env_int("WEB_THREADS", 2, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
