@@ -589,9 +589,14 @@ WEB_PORT = env_int("WEB_PORT", 8000, minimum=1)
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://{WEB_HOST}:{WEB_PORT}").rstrip("/")
 WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 # Threads per web process running Django (config.wsgi_threads), each with its database
-# connection: two, so one request's waits on the database and Redis overlap another's Python
-# (DECISIONS.md, "Two threads a web process").
-WEB_THREADS = env_int("WEB_THREADS", 2, minimum=1)
+# connection: on PostgreSQL two, so one request's waits on the database and Redis overlap
+# another's Python; on SQLite one, whose writes take one lock in turn (DECISIONS.md, "Two
+# threads a web process on PostgreSQL").
+WEB_THREADS = env_int(
+    "WEB_THREADS",
+    2 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" else 1,
+    minimum=1,
+)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
 # "user:password" (several comma-separated); empty: runstack generates one into var/.
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH", "")
