@@ -76,7 +76,7 @@ def read_settings_once(sender, **kwargs):
     Given Django's settings object itself ("django.conf:settings"), Celery looked up
     each setting left at its default there on every use, under each of its names, each
     miss an AttributeError raised through LazySettings: a dozen on every publish, 60 us
-    of its 340 (DECISIONS.md, "The web's own code on a submission").
+    of its 340 (DECISIONS.md, "Celery reads its settings from a dict").
     """
     sender.config_from_object(
         {name: getattr(settings, name) for name in dir(settings) if name.startswith("CELERY_")},
