@@ -52,7 +52,7 @@ from audits.models import Audit, LinkCheck
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
 from jobs.policy import DATABASE_UNAVAILABLE, wait_horizon
-from jobs.sql import preparing_cursor
+from jobs.sql import fetch_one
 from observability import gauges
 from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
@@ -239,9 +239,9 @@ def client_holding(client_key: str) -> int:
     if not client_key:
         return 0
     # Prepared: planning the statement cost more than running it, on every submission.
-    with preparing_cursor(connections[router.db_for_read(Audit)]) as cursor:
-        cursor.execute(CLIENT_HOLDING_SQL, [client_key, client_key])
-        audits, checks = cursor.fetchone()
+    audits, checks = fetch_one(
+        connections[router.db_for_read(Audit)], CLIENT_HOLDING_SQL, [client_key, client_key]
+    )
     return audits + checks
 
 

@@ -14,7 +14,7 @@ from audits.signals import audit_finished
 from jobs.deadlines import Deadline
 from jobs.lifecycle import SQL, Job, Returned, several_statements_in_one_query
 from jobs.models import JobRow
-from jobs.sql import preparing_cursor
+from jobs.sql import fetch_one, preparing_cursor
 
 log = logging.getLogger(__name__)
 
@@ -261,11 +261,9 @@ class AuditQuerySet(models.QuerySet):
         """The audit's status and its page's URL (its task's breaker is the page's origin's),
         read by a statement written once: every attempt asks it before it runs."""
         connection = connections[self.db]
-        with preparing_cursor(connection) as cursor:
-            cursor.execute(
-                STATUS_AND_URL_SQL, [Audit._meta.pk.get_db_prep_value(audit_id, connection)]
-            )
-            return cursor.fetchone()
+        return fetch_one(
+            connection, STATUS_AND_URL_SQL, [Audit._meta.pk.get_db_prep_value(audit_id, connection)]
+        )
 
     def _unfinished_locking_page(self, audit_id, connection) -> tuple[int, str, str] | None:
         """The unfinished audit's page, its callback URL and its page's (for the listeners
@@ -279,17 +277,14 @@ class AuditQuerySet(models.QuerySet):
         sql = UNFINISHED_LOCKING_PAGE_SQL
         if not connection.features.has_select_for_update:
             sql = UNFINISHED_SQL
-        with preparing_cursor(connection) as cursor:
-            cursor.execute(sql, [Audit._meta.pk.get_db_prep_value(audit_id, connection)])
-            return cursor.fetchone()
+        return fetch_one(connection, sql, [Audit._meta.pk.get_db_prep_value(audit_id, connection)])
 
     def _previous_success(self, page_id: int, audit_id, connection) -> dict | None:
-        with preparing_cursor(connection) as cursor:
-            cursor.execute(
-                PREVIOUS_SUCCESS_SQL,
-                [page_id, Audit._meta.pk.get_db_prep_value(audit_id, connection)],
-            )
-            row = cursor.fetchone()
+        row = fetch_one(
+            connection,
+            PREVIOUS_SUCCESS_SQL,
+            [page_id, Audit._meta.pk.get_db_prep_value(audit_id, connection)],
+        )
         if row is None:
             return None
         return Audit._meta.get_field("result").from_db_value(row[0], None, connection)

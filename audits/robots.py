@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from audits.models import RobotsTxt
 from jobs.errors import RateLimited
-from jobs.sql import preparing_cursor
+from jobs.sql import fetch_one
 from outbound.guard import TargetNotAllowed
 from outbound.integrations import robots
 from outbound.integrations.links import LinkVerdict
@@ -79,27 +79,21 @@ _ROBOTS_FILE_SQL = (
 )
 
 
-def _query_one(connection, sql: str, params: list) -> tuple | None:
-    with preparing_cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone()
-
-
 def stored(origin: str, *, fresh_only: bool = True) -> RobotsInfo | None:
     """The origin's robots.txt as stored, if it was ever read (and is fresh, by default)."""
     connection = connections[router.db_for_read(RobotsTxt)]
     if fresh_only:
         now = _ROBOTS.get_field("fresh_until").get_db_prep_value(timezone.now(), connection)
-        read = _query_one(connection, _ROBOTS_FRESH_SQL, [origin, now])
+        read = fetch_one(connection, _ROBOTS_FRESH_SQL, [origin, now])
     else:
-        read = _query_one(connection, _ROBOTS_READ_SQL, [origin])
+        read = fetch_one(connection, _ROBOTS_READ_SQL, [origin])
     if read is None or read[0] is None:
         return None
     fetched_at = read[0]
     recent = _recent.get(origin)
     if recent is not None and recent[0] == fetched_at:
         return recent[1]
-    row = _query_one(connection, _ROBOTS_FILE_SQL, [origin, fetched_at])
+    row = fetch_one(connection, _ROBOTS_FILE_SQL, [origin, fetched_at])
     if row is None:
         return None  # read again meanwhile: the caller claims or waits
     status_code, body, availability, truncated, error = row

@@ -14,7 +14,7 @@ from django.db import IntegrityError, connections, router, transaction
 
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
-from jobs.sql import column, column_converters, converted, preparing_cursor
+from jobs.sql import column, column_converters, converted, fetch_one
 from outbound.urls import NormalizedURL
 
 PAGE_FIELDS = Page._meta.concrete_fields
@@ -123,9 +123,7 @@ def submit_audit(
     values = [*_page_values(written, connection), *_audit_values(audit, connection)]
     # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
     # PostgreSQL is one statement").
-    with preparing_cursor(connection) as cursor:
-        cursor.execute(PAGE_AND_AUDIT_SQL, values)
-        audit.page = _page_from_row(cursor.fetchone(), connection)
+    audit.page = _page_from_row(fetch_one(connection, PAGE_AND_AUDIT_SQL, values), connection)
     audit._state.adding, audit._state.db = False, connection.alias
     # In autocommit the statement was its own transaction, so this publishes now; inside
     # a caller's transaction, once that commits.

@@ -48,6 +48,14 @@ def preparing_cursor(connection) -> Iterator:
         yield cursor
 
 
+def fetch_one(connection, sql: str, params: Sequence) -> tuple | None:
+    """The first row `sql` answers with `params` (None if none), run through
+    `preparing_cursor`."""
+    with preparing_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
 def column_converters(col: Col, connection) -> tuple[Col, list]:
     """`col` with the converters the ORM reads its values through on `connection`."""
     return col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from audits.models import Audit, Page
 from audits.submission import create_and_enqueue_audit
-from jobs.sql import column, preparing_cursor
+from jobs.sql import column, fetch_one, preparing_cursor
 from reaudit.models import FanOut, Placement, SliceRun
 from reaudit.offsets import domain_offset, page_offset, slice_count, slice_of
 
@@ -322,9 +322,7 @@ def fire_placement(page_id: int, day: date) -> Audit | None:
     marked for re-audit since the fan-out (or removed through the API) is skipped.
     """
     connection = connections[router.db_for_write(Placement)]
-    with preparing_cursor(connection) as cursor:
-        cursor.execute(PAGE_REAUDITED_SQL, [page_id, True])
-        reaudited = cursor.fetchone() is not None
+    reaudited = fetch_one(connection, PAGE_REAUDITED_SQL, [page_id, True]) is not None
     with transaction.atomic(using=connection.alias):
         with preparing_cursor(connection) as cursor:
             cursor.execute(PLACEMENT_FIRED_SQL, [
