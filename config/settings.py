@@ -130,20 +130,22 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
-if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+# Whether the database is PostgreSQL: its connection options and the web's threads follow.
+_ON_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+if DB_POOL_MAX_SIZE and _ON_POSTGRESQL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_MAX_SIZE,
         "timeout": DB_POOL_TIMEOUT_SECONDS,
     }
 DB_CONNECT_TIMEOUT_SECONDS = env_int("DB_CONNECT_TIMEOUT_SECONDS", 10, minimum=1)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+if _ON_POSTGRESQL:
     # A database that is out of connections fails the task fast (and the
     # task is retried) instead of hanging a pool process.
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT_SECONDS
-    # psycopg prepares a statement only when asked (execute(prepare=True): the client's
-    # holding, jobs.sql.PreparingCursor). Django's cursors bind client-side and
-    # never prepare; its default None would refuse the one statement that asks too.
+    # psycopg prepares a statement only when asked (execute(prepare=True): the statements
+    # run through jobs.sql.preparing_cursor). Django's cursors bind client-side and
+    # never prepare; its default None would refuse the statements that ask too.
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = sys.maxsize
     # A prepared statement keeps its one plan for any client: PostgreSQL's default
     # (auto) kept planning it on every call whenever the statistics made the plan for
@@ -594,7 +596,7 @@ WEB_CONCURRENCY = env_int("WEB_CONCURRENCY", 2, minimum=1)
 # threads a web process on PostgreSQL").
 WEB_THREADS = env_int(
     "WEB_THREADS",
-    2 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" else 1,
+    2 if _ON_POSTGRESQL else 1,
     minimum=1,
 )
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1)
