@@ -22,6 +22,7 @@ from audits.services import claim_audit
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
 from tests.reaudit_factories import DAY, make_pages
+from tests.workers import WorkerProcess
 
 pytestmark = pytest.mark.django_db
 
@@ -303,3 +304,9 @@ def test_an_attempt_s_statements_are_planned_once_per_connection():
         # statement of its own shape).
         assert plans and sum(generic for generic, _ in plans) == 2, (fragment, prepared)
         assert all(custom == 0 for _, custom in plans), (fragment, prepared)
+
+
+def test_the_suite_s_workers_prepare_their_statements_as_a_deployment_s_do():
+    # Under DEBUG, jobs.sql binds client-side for Django's query log: every integration
+    # test would run a worker's statements down a path no deployment takes.
+    assert WorkerProcess("audits").env["DEBUG"] == "false"

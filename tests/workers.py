@@ -54,6 +54,14 @@ def reaudit_as_make_run() -> dict:
     }
 
 
+def worker_debug() -> str:
+    """DEBUG for a started worker: off, as a deployment's workers run (with DEBUG on,
+    Django logs every query and jobs.sql binds statements client-side instead of preparing
+    them). The suite's key allows it (tests/environment.py); a bench run outside the suite
+    on the generated development key, which the settings refuse with DEBUG off, keeps it on."""
+    return "true" if settings.SECRET_KEY.startswith(settings.DEV_SECRET_KEY_PREFIX) else "false"
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -69,7 +77,7 @@ class WorkerProcess:
         self.name = f"test-{queue}-{uuid.uuid4().hex[:8]}"
         self.env = {
             **os.environ,
-            "DEBUG": "true",
+            "DEBUG": worker_debug(),
             "DATABASE_URL": database_url_for_workers(),
             "REDIS_URL": settings.REDIS_URL,
             "AUDIT_ALLOW_PRIVATE_TARGETS": "true",
