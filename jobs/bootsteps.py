@@ -2,12 +2,15 @@
 
 One mechanism for all of them: a bootstep per thread, each thread with a Redis client
 of its own (`config.redis.dedicated_client`), never the process's shared one, and
-never anything a pool process uses. config.celery_app adds the steps.
+never anything a pool process uses, a lock of SQLite's or an import's included: no pool
+process is forked while a thread ticks (`ForkGate`). config.celery_app adds the steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import threading
 
@@ -47,6 +50,57 @@ class TimeLimitCheck(bootsteps.Step):
             log.error("worker.time_limit_exceeds_visibility_timeout", extra={"problem": problem})
 
 
+class ForkGate:
+    """No fork of this process while a worker thread ticks.
+
+    A pool process forked while a thread of its parent was inside SQLite's C library (a
+    connection opened or closed: SQLite's own mutexes) or an import (SQLite's backend
+    imports Django's SQL compiler at the first query) inherits that lock held by a thread
+    it does not have: its own first query waited on it for ever, and every task it took
+    ran to its soft time limit (DECISIONS.md, "No pool process is forked while a worker
+    thread ticks"). So a fork waits for the ticks under way, and holds new ones until it
+    is done: a tick is milliseconds, a fork rare (the pool's start, a replaced process).
+    """
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._ticking = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def ticking(self):
+        with self._changed:
+            self._changed.wait_for(lambda: not self._forking)
+            self._ticking += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._ticking -= 1
+                self._changed.notify_all()
+
+    def before_fork(self) -> None:
+        with self._changed:
+            self._forking = True
+            self._changed.wait_for(lambda: self._ticking == 0)
+
+    def after_fork_in_parent(self) -> None:
+        with self._changed:
+            self._forking = False
+            self._changed.notify_all()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__()  # none of the parent's threads is here; its lock may be copied held
+
+
+FORK_GATE = ForkGate()
+os.register_at_fork(
+    before=FORK_GATE.before_fork,
+    after_in_parent=FORK_GATE.after_fork_in_parent,
+    after_in_child=FORK_GATE.after_fork_in_child,
+)
+
+
 class WorkerThread(bootsteps.StartStopStep):
     """Runs `tick` every `interval()` seconds in a thread of the worker's main process."""
 
@@ -83,7 +137,8 @@ class WorkerThread(bootsteps.StartStopStep):
         try:
             # A first tick as the worker starts, then one every interval.
             while not self._stopping.is_set():
-                self._tick_once(worker, client)
+                with FORK_GATE.ticking():
+                    self._tick_once(worker, client)
                 self._stopping.wait(self.interval())
         finally:
             client.close()

@@ -1,25 +1,30 @@
 """Pool processes forked while the worker's own threads are busy with Redis start clean.
 
 The worker's main process runs threads (the delayed-job waker, the minute sampler)
-that talk to Redis all the time. A pool process forked at any instant must never
-use a client, a connection pool or a lock its parent made: a lock copied while a
-thread held it would never open, and the task would hang until its hard time limit.
+that talk to Redis and the database all the time. A pool process forked at any instant
+must never use a client, a connection pool or a lock its parent made, import locks
+included: a lock copied while a thread held it would never open, and the task would
+hang until its time limit.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
+from django.conf import settings
 
 from audits import submission
 from audits.models import Audit
 from config import redis as plumb_redis
 from outbound.urls import normalize_url
-from tests.workers import wait_for
+from tests.workers import ROOT, database_url_for_workers, wait_for
 
 AUDITS = 12
 
@@ -53,6 +58,88 @@ def test_a_forked_child_never_waits_on_a_pool_lock_its_parent_held_at_the_fork(r
         child.kill()
     assert child.exitcode == 0, "the child hung on a lock copied from its parent"
     assert answers.get(timeout=1) is True
+
+
+# A fresh interpreter (the test process imported everything long ago): a worker thread
+# (jobs.bootsteps) ticks, and the main thread forks pool processes that each run a query.
+# "import": the thread's first query, held inside the module it imports (its import lock
+# held, the module half-run) for a second; "sqlite": a query a tick, without pause, each
+# on a connection opened and closed (SQLite's own mutexes).
+FORK_WHILE_A_WORKER_THREAD_TICKS = """
+import os, sys, threading, time
+from importlib.machinery import PathFinder
+import django
+django.setup()
+from audits.models import Audit
+from jobs.bootsteps import WorkerThread
+
+mode, forks = sys.argv[1], int(sys.argv[2])
+# Set inside the held import, or after the first query if it imported nothing (PostgreSQL).
+underway = threading.Event()
+
+class Holds:
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread() is threading.main_thread():
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = HeldLoader(spec.loader)
+        return spec
+
+class HeldLoader:
+    def __init__(self, loader):
+        self.loader = loader
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        underway.set()
+        time.sleep(1)
+        self.loader.exec_module(module)
+
+if mode == "import":
+    sys.meta_path.insert(0, Holds())
+
+class Queries(WorkerThread):
+    thread_name = "queries"
+    def interval(self):
+        return 3600 if mode == "import" else 0
+    def tick(self, worker, client):
+        Audit.objects.exists()
+        underway.set()
+
+step = Queries(None)
+step.start(None)
+underway.wait(10)
+for n in range(1, forks + 1):
+    child = os.fork()
+    if child == 0:
+        Audit.objects.exists()  # the pool process's first query
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while not os.waitpid(child, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(child, 9)
+            sys.exit(f"pool process {n} of {forks} hung at its first query")
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("mode, forks", [("import", 1), ("sqlite", 20)])
+def test_no_pool_process_is_forked_while_a_worker_thread_ticks(mode, forks, redis_client):
+    """A pool process forked while a worker thread was importing a module (SQLite's
+    backend imports Django's SQL compiler at the first query) or inside SQLite's C library
+    inherited that lock held by nobody: its first query waited for ever (an audit stuck
+    until its soft time limit, and again at each retry). Each fork now waits for the tick."""
+    ran = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_A_WORKER_THREAD_TICKS, mode, str(forks)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={
+            **os.environ, "DEBUG": "true", "DATABASE_URL": database_url_for_workers(),
+            "REDIS_URL": settings.REDIS_URL,
+        },
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
 
 
 @pytest.mark.slow
