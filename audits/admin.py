@@ -7,6 +7,7 @@ from django.utils.html import format_html, format_html_join
 from audits.api.auth import new_token
 from audits.findings import CHECK_IDS
 from audits.models import ApiToken, Audit, LinkCheck, Page, RobotsTxt, SharedLink
+from audits.pages import failing
 from audits.secrets import without_password
 
 
@@ -34,7 +35,7 @@ class FailingCheckFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value():
-            return queryset.filter(failing_checks__contains=[self.value()])
+            return failing(queryset, self.value())
         return queryset
 
 

@@ -11,7 +11,8 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Prefetch, QuerySet
+from django.db.models import BooleanField, Prefetch, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from audits.findings import CHECK_IDS
@@ -127,6 +128,20 @@ def change_counts(*, now: datetime | None = None) -> dict[str, int]:
         "pages_changed": current.filter(last_changed_at__gte=since).count(),
         "pages_worse": current.filter(last_worse_at__gte=since).count(),
     }
+
+
+def failing(pages: QuerySet[Page], check_id: str) -> QuerySet[Page]:
+    """Those of `pages` whose latest succeeded audit fails `check_id` (Page.failing_checks):
+    the admin's filter. Django has no JSON `contains` on SQLite, so there it is a
+    membership test over json_each."""
+    if connection.vendor == "postgresql":
+        return pages.filter(failing_checks__contains=[check_id])
+    member = RawSQL(
+        f"EXISTS (SELECT 1 FROM json_each({Page._meta.db_table}.failing_checks) WHERE value = %s)",
+        [check_id],
+        output_field=BooleanField(),
+    )
+    return pages.alias(fails_check=member).filter(fails_check=True)
 
 
 def failing_check_counts() -> list[tuple[str, int]]:
