@@ -19,9 +19,14 @@ pytestmark = pytest.mark.django_db
 PAGE_SECRET = "whsec_" + base64.b64encode(b"plumb-page-secret-0123456789abcd").decode()
 
 
-def stored(table: str, row_id) -> str:
+def stored(model, row_id) -> str:
+    """The row's callback_secret column as stored; the id as its column holds it (an audit's
+    uuid is 32 hex digits on SQLite)."""
+    row_id = model._meta.pk.get_db_prep_value(row_id, connection)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT callback_secret FROM {table} WHERE id = %s", [row_id])
+        cursor.execute(
+            f"SELECT callback_secret FROM {model._meta.db_table} WHERE id = %s", [row_id]
+        )
         return cursor.fetchone()[0]
 
 
@@ -35,11 +40,11 @@ def make_audit(**fields) -> Audit:
 
 def test_secrets_are_stored_encrypted_and_read_back_in_clear():
     audit = make_audit(callback_url="https://hooks.example/", callback_secret=SECRET)
-    for table, row_id, secret in [
-        ("audits_audit", audit.id, SECRET),
-        ("audits_page", audit.page_id, PAGE_SECRET),
+    for model, row_id, secret in [
+        (Audit, audit.id, SECRET),
+        (Page, audit.page_id, PAGE_SECRET),
     ]:
-        raw = stored(table, row_id)
+        raw = stored(model, row_id)
         assert raw and secret not in raw and "whsec_" not in raw
     assert Audit.objects.get(id=audit.id).callback_secret == SECRET
     assert Page.objects.get(id=audit.page_id).callback_secret == PAGE_SECRET
@@ -55,7 +60,7 @@ def test_a_key_rotation_re_encrypts_with_the_new_key(settings):
     settings.CALLBACK_SECRET_KEYS = [new]  # the old key gone
     assert Audit.objects.get(id=audit.id).callback_secret == SECRET
     assert Page.objects.get(id=audit.page_id).callback_secret == PAGE_SECRET
-    assert Fernet(new).decrypt(stored("audits_audit", audit.id).encode()).decode() == SECRET
+    assert Fernet(new).decrypt(stored(Audit, audit.id).encode()).decode() == SECRET
 
 
 # attempt_delivery hands its connection back during the POST: no test transaction around it.
@@ -67,6 +72,6 @@ def test_a_submission_s_secret_is_dropped_once_its_delivery_succeeded(redis_clie
     assert created
     assert deliver.run_delivery(str(delivery.id)) == deliver.Outcome.DELIVERED
     assert hook.count(200) == 1
-    assert stored("audits_audit", audit.id) == ""
+    assert stored(Audit, audit.id) == ""
     # The page's secret stays: it signs every later `audit.changed`.
     assert Page.objects.get(id=audit.page_id).callback_secret == PAGE_SECRET

@@ -77,9 +77,11 @@ def test_a_secret_no_key_decrypts_costs_its_row_the_secret_not_the_list(django_u
     ]
     # One row encrypted with a key this process does not have (another SECRET_KEY).
     foreign = Fernet(Fernet.generate_key()).encrypt(PAGE_SECRET.encode()).decode()
+    # The id as its column stores it: a uuid on PostgreSQL, 32 hex digits on SQLite.
+    foreign_id = Audit._meta.pk.get_db_prep_value(audits[1].id, connection)
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE audits_audit SET callback_secret = %s WHERE id = %s", [foreign, audits[1].id]
+            "UPDATE audits_audit SET callback_secret = %s WHERE id = %s", [foreign, foreign_id]
         )
     staff = APIClient()
     staff.force_login(django_user_model.objects.create_user("ops", password="x", is_staff=True))
@@ -96,5 +98,5 @@ def test_a_secret_no_key_decrypts_costs_its_row_the_secret_not_the_list(django_u
     # Saved again, the row keeps its token: the right key, configured later, still reads it.
     unreadable.save()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT callback_secret FROM audits_audit WHERE id = %s", [audits[1].id])
+        cursor.execute("SELECT callback_secret FROM audits_audit WHERE id = %s", [foreign_id])
         assert cursor.fetchone()[0] == foreign
