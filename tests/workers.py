@@ -54,6 +54,22 @@ def reaudit_as_make_run() -> dict:
     }
 
 
+# Run before the worker's own command (then exec'd in its place): the worker is killed when
+# the test process that started it ends. A run killed outright (SIGKILL, a timeout's
+# SIGTERM) runs no teardown, and its workers, each in a session of its own, went on taking
+# the next run's messages from the same Redis database. Linux's PR_SET_PDEATHSIG; elsewhere
+# the worker runs as before.
+DIE_WITH_THE_TEST_PROCESS = """
+import ctypes, os, signal, sys
+prctl = getattr(ctypes.CDLL(None), "prctl", None)
+if prctl is not None:
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit("the test process ended before its worker started")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
 def worker_debug() -> str:
     """DEBUG for a started worker: off, as a deployment's workers run (with DEBUG on,
     Django logs every query and jobs.sql binds statements client-side instead of preparing
@@ -92,7 +108,8 @@ class WorkerProcess:
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
         command = [
-            sys.executable, "-m", "celery", "-A", "config", "worker",
+            sys.executable, "-c", DIE_WITH_THE_TEST_PROCESS, str(os.getpid()),
+            "-m", "celery", "-A", "config", "worker",
             "-Q", self.queue, "-n", f"{self.name}@%h",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
