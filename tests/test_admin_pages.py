@@ -13,7 +13,7 @@ from django.urls import reverse
 from audits import submission
 from outbound.urls import normalize_url
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 REGISTERED = [
     (model, admin.site.get_model_admin(model))

@@ -18,7 +18,7 @@ from observability.sampler import sample_once
 from observability.series import stats
 from tests.test_metrics import scrape
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 NOW = 1_800_000_000.0 - 1_800_000_000.0 % 3600 + 30  # half a minute into an hour
 

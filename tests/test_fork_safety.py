@@ -26,6 +26,8 @@ from config import redis as plumb_redis
 from outbound.urls import normalize_url
 from tests.workers import ROOT, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 AUDITS = 12
 
 

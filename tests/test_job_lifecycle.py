@@ -24,6 +24,8 @@ from webhooks import deliver
 from webhooks.models import DELIVERY_JOB, Delivery
 from webhooks.tasks import deliver_webhook
 
+pytestmark = pytest.mark.both_databases
+
 audits_worker = module_worker("audits")
 
 

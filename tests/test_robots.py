@@ -17,7 +17,7 @@ from tests.fake_github import LinkedPage
 from tests.robots_site import RobotsAnswer, RobotsSite
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 BLOCKED = LinkCheck.Status.BLOCKED_BY_ROBOTS
 

@@ -19,6 +19,8 @@ from audits.models import Audit, Page
 from audits.tasks import run_audit
 from outbound.urls import normalize_url
 
+pytestmark = pytest.mark.both_databases
+
 URL = "https://example.org/page"
 
 
