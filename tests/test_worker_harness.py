@@ -7,16 +7,17 @@ import sys
 
 import psutil
 
-from tests.workers import DIE_WITH_THE_TEST_PROCESS, wait_for
+from tests.workers import ROOT, wait_for
 
-WORKER = "import time; time.sleep(120)"
-# A stand-in test process: it starts a stand-in worker as WorkerProcess.start does (its own
-# session, the same first step), prints the worker's pid and waits to be killed.
+# A stand-in test process: it starts a stand-in worker as WorkerProcess.start does (a
+# session of its own, devstack.supervisor.die_with_parent), prints the worker's pid once
+# the worker runs (Popen returns after the exec), and waits to be killed.
 TEST_PROCESS = """
 import os, subprocess, sys, time
+from devstack.supervisor import die_with_parent
 worker = subprocess.Popen(
-    [sys.executable, "-c", sys.argv[1], str(os.getpid()), "-c", sys.argv[2]],
-    start_new_session=True,
+    [sys.executable, "-c", "import time; time.sleep(120)"],
+    start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
 )
 print(worker.pid, flush=True)
 time.sleep(120)
@@ -32,14 +33,11 @@ def running(pid: int) -> bool:
 
 def test_a_worker_ends_when_its_test_process_is_killed_outright():
     test_process = subprocess.Popen(
-        [sys.executable, "-c", TEST_PROCESS, DIE_WITH_THE_TEST_PROCESS, WORKER],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", TEST_PROCESS], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         worker = int(test_process.stdout.readline())
-        # Killed once the worker runs its own command: before, its first step ends it.
-        wait_for(lambda: psutil.Process(worker).cmdline()[1:] == ["-c", WORKER], timeout=10,
-                 message="the worker's own command")  # fmt: skip
+        assert running(worker)
         test_process.kill()  # no teardown runs: SIGKILL, or a timeout's SIGTERM
         test_process.wait(timeout=10)
         wait_for(lambda: not running(worker), timeout=10, message="the worker to end with it")

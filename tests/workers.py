@@ -22,6 +22,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from devstack.supervisor import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Every test worker's settings unless a test says otherwise. As in the test process
@@ -52,22 +54,6 @@ def reaudit_as_make_run() -> dict:
         "pool": settings.REAUDIT_WORKER_POOL,
         "concurrency": settings.REAUDIT_WORKER_CONCURRENCY,
     }
-
-
-# Run before the worker's own command (then exec'd in its place): the worker is killed when
-# the test process that started it ends. A run killed outright (SIGKILL, a timeout's
-# SIGTERM) runs no teardown, and its workers, each in a session of its own, went on taking
-# the next run's messages from the same Redis database. Linux's PR_SET_PDEATHSIG; elsewhere
-# the worker runs as before.
-DIE_WITH_THE_TEST_PROCESS = """
-import ctypes, os, signal, sys
-prctl = getattr(ctypes.CDLL(None), "prctl", None)
-if prctl is not None:
-    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(sys.argv[1]):
-        sys.exit("the test process ended before its worker started")
-os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
-"""
 
 
 def worker_debug() -> str:
@@ -108,8 +94,7 @@ class WorkerProcess:
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
         command = [
-            sys.executable, "-c", DIE_WITH_THE_TEST_PROCESS, str(os.getpid()),
-            "-m", "celery", "-A", "config", "worker",
+            sys.executable, "-m", "celery", "-A", "config", "worker",
             "-Q", self.queue, "-n", f"{self.name}@%h",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
@@ -119,9 +104,12 @@ class WorkerProcess:
         if self.pool is not None:
             command += ["--pool", self.pool]
         command += self.options
+        # Killed when the test process ends, as runstack's children are: a run killed outright
+        # (SIGKILL, a timeout's SIGTERM) runs no teardown, and its workers, each in a session
+        # of its own, went on taking the next run's messages from the same Redis database.
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            text=True, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
         )  # fmt: skip
         threading.Thread(target=self._read_output, daemon=True).start()
         if not self._ready.wait(timeout):
