@@ -18,7 +18,7 @@ from tests.submitting import submit
 from tests.test_metrics import scrape
 from tests.workers import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
+pytestmark = pytest.mark.slow
 
 # Short enough for a test, long enough that a live worker is never redelivered to.
 FAST_REDELIVERY = {"AUDITS_VISIBILITY_TIMEOUT_SECONDS": "5"}
