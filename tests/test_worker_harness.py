@@ -7,7 +7,8 @@ import sys
 
 import psutil
 
-from tests.workers import ROOT, wait_for
+from tests.stack import left_running, running
+from tests.workers import ROOT
 
 # A stand-in test process: it starts a stand-in worker as WorkerProcess.start does (a
 # session of its own, devstack.supervisor.die_with_parent), prints the worker's pid once
@@ -24,23 +25,16 @@ time.sleep(120)
 """
 
 
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_a_worker_ends_when_its_test_process_is_killed_outright():
     test_process = subprocess.Popen(
         [sys.executable, "-c", TEST_PROCESS], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
-        worker = int(test_process.stdout.readline())
+        worker = psutil.Process(int(test_process.stdout.readline()))
         assert running(worker)
         test_process.kill()  # no teardown runs: SIGKILL, or a timeout's SIGTERM
         test_process.wait(timeout=10)
-        wait_for(lambda: not running(worker), timeout=10, message="the worker to end with it")
+        assert left_running([worker], within=10) == []
     finally:
         test_process.kill()
         test_process.wait(timeout=10)
