@@ -55,6 +55,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from audits.models import Audit, Page  # noqa: E402
@@ -349,7 +350,7 @@ def main() -> int:
     parser.add_argument("--receiver-latency", type=float, default=0.02, help="seconds per request")
     parser.add_argument("--phase-limit", type=float, default=600.0, help="give up a phase after")
     args = parser.parse_args()
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    if connection.vendor != "postgresql":
         print("bench/webhook_burst.py measures a PostgreSQL pool: set DATABASE_URL=postgres://...")
         return 2
     call_command("migrate", interactive=False, verbosity=0)

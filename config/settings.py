@@ -132,6 +132,9 @@ DATABASES = {
 }
 # Whether the database is PostgreSQL: its connection options and the web's threads follow.
 _ON_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+if _ON_POSTGRESQL:
+    # Django's backend, its kept connections checked on their socket, not with a SELECT 1.
+    DATABASES["default"]["ENGINE"] = "config.postgresql"
 if DB_POOL_MAX_SIZE and _ON_POSTGRESQL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
