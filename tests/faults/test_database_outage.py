@@ -68,14 +68,22 @@ def test_a_submission_while_the_database_is_away_gets_503_and_can_retry(db_proxy
         web.stop()
 
 
-def test_a_pooled_connection_is_checked_before_use_after_a_database_restart(db_proxy):
+# A kept connection (config.postgresql checks its socket) and a pooled one (psycopg_pool's
+# check, which Django hands it).
+@pytest.mark.parametrize("pool_size", ["0", "2"], ids=["kept", "pooled"])
+def test_a_connection_is_checked_before_use_after_a_database_restart(db_proxy, pool_size):
     web = WebProcess(
-        {**os.environ, "DEBUG": "true", "DATABASE_URL": via(db_proxy), "DB_POOL_MAX_SIZE": "2"}
+        {
+            **os.environ,
+            "DEBUG": "true",
+            "DATABASE_URL": via(db_proxy),
+            "DB_POOL_MAX_SIZE": pool_size,
+        }
     )
     try:
         before = httpx.get(f"{web.url}/healthz", timeout=10)
         assert before.status_code == 200, before.text
-        # Every connection the pool holds dies, as in a restart or failover; then the
+        # Every connection the web holds dies, as in a restart or failover; then the
         # database is back before the next request.
         db_proxy.cut()
         db_proxy.restore()
