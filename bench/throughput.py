@@ -208,7 +208,11 @@ class ReferenceView:
             cwd=ROOT, check=True,
         )  # fmt: skip
         port = devservices.free_port()
-        factory = f"bench.reference.minimal_submit:asgi_application({self.database!r}, {redis_url!r}, {queue!r})"
+        # Behind the same server as Plumb's web: its command line, and as many threads a
+        # process as Plumb's runs on this database (2 on PostgreSQL, 1 on SQLite).
+        threads = web_threads({**os.environ, **STACK_ENV, "DATABASE_URL": self.database})
+        factory = (f"bench.reference.minimal_submit:asgi_application({self.database!r}, "
+                   f"{redis_url!r}, {queue!r}, threads={threads})")  # fmt: skip
         command = shlex.split(re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", web_command))
         command[command.index("config.asgi:application")] = factory
         self.web = SessionProcess(f"reference-web-{queue}", command, dict(os.environ), logs).start()
@@ -254,16 +258,30 @@ def python_of(checkout: Path) -> str:
     return str(own) if checkout != ROOT and own.exists() else PYTHON
 
 
-def stack_commands(env: dict, checkout: Path = ROOT) -> dict[str, str]:
-    """The command line of each process `make run` starts from `checkout`, under `env`."""
+def read_from_django(statement: str, env: dict, checkout: Path = ROOT):
+    """What `statement` prints as JSON in a process of `checkout` set up under `env`."""
     printed = subprocess.run(
-        [python_of(checkout), "-c", "import django, json; django.setup(); "
-         "from devstack.management.commands.runstack import stack_commands; "
-         "print(json.dumps(stack_commands()))"],
+        [python_of(checkout), "-c", f"import django, json; django.setup(); {statement}"],
         cwd=checkout, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return json.loads(printed.stdout)
+
+
+def stack_commands(env: dict, checkout: Path = ROOT) -> dict[str, str]:
+    """The command line of each process `make run` starts from `checkout`, under `env`."""
+    return read_from_django(
+        "from devstack.management.commands.runstack import stack_commands; "
+        "print(json.dumps(stack_commands()))",
+        env, checkout,
+    )  # fmt: skip
+
+
+def web_threads(env: dict) -> int:
+    """The threads each of Plumb's web processes runs Django on under `env` (WEB_THREADS)."""
+    return read_from_django(
+        "from django.conf import settings; print(json.dumps(settings.WEB_THREADS))", env
+    )
 
 
 class Stack:

@@ -74,12 +74,13 @@ def application(database: str, broker_url: str, queue: str):
     return get_wsgi_application()
 
 
-def asgi_application(database: str, broker_url: str, queue: str):
+def asgi_application(database: str, broker_url: str, queue: str, threads: int = 1):
     """The same view behind the web line `make run` uses: gunicorn's asgi workers
-    handing complete requests to Django's WSGI handler in a thread (config.wsgi_threads)."""
+    handing complete requests to Django's WSGI handler in `threads` threads
+    (config.wsgi_threads), as many as Plumb's web runs (WEB_THREADS)."""
     from config.wsgi_threads import WSGIThreads
 
-    return WSGIThreads(application(database, broker_url, queue), threads=1)
+    return WSGIThreads(application(database, broker_url, queue), threads=threads)
 
 
 urlpatterns: list = []
