@@ -19,7 +19,7 @@
    one join it replaced, alternated, at holdings of 10 and 100.
 
 It creates its own database on the DATABASE_URL server (Django's test-database
-machinery, named `bench_admission_...`) and drops it at the end. The check reads
+machinery, bench.inprocess: `..._bench_admission`) and drops it at the end. The check reads
 the broker's own keys, so REDIS_URL must name a Redis database it may empty:
 it refuses a non-empty one unless given --flush.
 """
@@ -53,14 +53,14 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
-from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from audits import admission  # noqa: E402
 from audits.api import views  # noqa: E402
 from audits.models import Audit, LinkCheck, Page  # noqa: E402
 from audits.tasks import run_audit  # noqa: E402
+from bench.inprocess import own_stores  # noqa: E402
 from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E402
-from config.redis import REDIS_NOW_LUA, lua, redis_client  # noqa: E402
+from config.redis import REDIS_NOW_LUA, lua  # noqa: E402
 from devstack.demo_site import DemoSite  # noqa: E402
 from jobs.backlog import backlog_snapshot  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
@@ -522,25 +522,11 @@ def main() -> int:
     # Per-request log lines would dominate the output; both modes lose the same cost.
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("django.request").setLevel(logging.CRITICAL)  # the outage's 503s
-    client = redis_client()
-    if client.dbsize() and not args.flush:
-        print(f"{settings.REDIS_URL} is not empty; pass --flush to empty it.", file=sys.stderr)
-        return 2
-    client.flushdb()
-    test_db = settings.DATABASES["default"].setdefault("TEST", {})
-    if connection.vendor == "sqlite":
-        test_db["NAME"] = str(settings.VAR_DIR / "bench-admission.sqlite3")
-    else:
-        test_db["NAME"] = f"bench_admission_{settings.DATABASES['default']['NAME']}"
-    databases = setup_databases(verbosity=0, interactive=False)
-    try:
+    with own_stores("bench_admission", flush=args.flush, flag="--flush") as client:
         costs = bench_check_costs(client)
         throughput = bench_throughput(client)
         holding = bench_client_holding()
         outage = {} if args.skip_outage else bench_outage(client)
-    finally:
-        teardown_databases(databases, verbosity=0)
-        client.flushdb()
     print(report(costs, throughput, outage, holding))
     return 0
 

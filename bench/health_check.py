@@ -13,7 +13,7 @@ look at the socket, alone and inside a submission, alternated in one run.
    wall time a request, and the paired ratio of each block to the one beside it.
 
 PostgreSQL only. It creates its own database on the DATABASE_URL server (Django's
-test-database machinery, named `bench_health_check_...`) and drops it at the end; a
+test-database machinery, bench.inprocess: `..._bench_health_check`) and drops it at the end; a
 submission publishes to REDIS_URL, which must name a Redis database it may empty: it
 refuses a non-empty one unless given --flush.
 """
@@ -47,12 +47,11 @@ from django.conf import settings  # noqa: E402
 from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.backends.postgresql import base as django_postgresql  # noqa: E402
-from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from audits.models import Audit  # noqa: E402
+from bench.inprocess import own_stores  # noqa: E402
 from config.celery_app import queue_list_keys  # noqa: E402
 from config.postgresql.base import DatabaseWrapper  # noqa: E402
-from config.redis import redis_client  # noqa: E402
 
 CHECKS = {
     "SELECT 1 (Django's)": django_postgresql.DatabaseWrapper.is_usable,
@@ -161,21 +160,9 @@ def main() -> int:
         return 2
     # A log line a request would dominate the output; both checks lose the same cost.
     logging.getLogger().setLevel(logging.WARNING)
-    client = redis_client()
-    if client.dbsize() and not args.flush:
-        print(f"{settings.REDIS_URL} is not empty; pass --flush to empty it.", file=sys.stderr)
-        return 2
-    client.flushdb()
-    test_db = settings.DATABASES["default"].setdefault("TEST", {})
-    test_db["NAME"] = f"bench_health_check_{settings.DATABASES['default']['NAME']}"
-    databases = setup_databases(verbosity=0, interactive=False)
-    try:
+    with own_stores("bench_health_check", flush=args.flush, flag="--flush") as client:
         alone = bench_check_alone()
         submissions = bench_submissions(client, blocks=args.blocks)
-    finally:
-        connection.close()
-        teardown_databases(databases, verbosity=0)
-        client.flushdb()
     print(report(alone, submissions))
     return 0
 

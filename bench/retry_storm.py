@@ -66,12 +66,11 @@ django.setup()
 
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from audits import submission  # noqa: E402
 from audits.models import Audit, Page  # noqa: E402
 from bench import jitter  # noqa: E402
+from bench.inprocess import own_stores  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
 from jobs.models import CircuitBreaker, DeadLetter  # noqa: E402
 from jobs.policy import RetryPolicy, delay, exponential  # noqa: E402
@@ -364,26 +363,16 @@ def main() -> int:
         return 2
 
     logging.getLogger("audits").setLevel(logging.WARNING)  # one line per submission otherwise
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    if client.dbsize() and not args.flush_redis:
-        print(f"{settings.REDIS_URL} holds keys; this script empties it. Use --flush-redis.")
-        return 2
-    client.flushdb()  # the dashboard shows these runs only
+    # Emptied, so the dashboard shows these runs only.
+    with own_stores("bench", flush=args.flush_redis, flag="--flush-redis") as client:
+        print("Jitter spread of 1000 retries that failed at the same instant (base 1 s, cap 60 s):")
+        spread = cohort_spread()
+        print_table(spread, ["when", "jitter", "peak_in_one_second", "mean_delay", "shortest"])
+        print()
 
-    print("Jitter spread of 1000 retries that failed at the same instant (base 1 s, cap 60 s):")
-    spread = cohort_spread()
-    print_table(spread, ["when", "jitter", "peak_in_one_second", "mean_delay", "shortest"])
-    print()
-
-    bench_name = f"{connection.settings_dict['NAME']}_bench"
-    if connection.vendor == "sqlite":
-        bench_name = str(Path(settings.VAR_DIR) / "bench.sqlite3")
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = bench_name
-    old_config = setup_databases(verbosity=0, interactive=False)
-    names = [args.only] if args.only else args.runs.split(",")
-    runs = {name: POLICIES[name] for name in names}
-    results: list[RunResult] = []
-    try:
+        names = [args.only] if args.only else args.runs.split(",")
+        runs = {name: POLICIES[name] for name in names}
+        results: list[RunResult] = []
         for number, (name, env) in enumerate(runs.items()):
             if number and args.dashboard:
                 print(f"(a {args.gap:g} s gap, so the dashboard shows the runs apart)", flush=True)
@@ -392,9 +381,6 @@ def main() -> int:
             print_table([asdict(results[-1])], RESULT_COLUMNS)
         if args.dashboard:
             print(f"dashboard saved to {photograph_dashboard(args.dashboard)}")
-    finally:
-        client.flushdb()
-        teardown_databases(old_config, verbosity=0)
 
     print(
         f"\n{args.jobs} jobs at {args.rate}/s; downstream slow from {args.slow_at:g} s, "

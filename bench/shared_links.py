@@ -64,14 +64,13 @@ import django  # noqa: E402
 
 django.setup()
 
-import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import close_old_connections, connection  # noqa: E402
-from django.test.utils import setup_databases, teardown_databases  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
 
 from audits import linkcheck  # noqa: E402
 from audits.models import Audit, LinkCheck, Page  # noqa: E402
 from audits.tasks import enqueue_link_checks  # noqa: E402
+from bench.inprocess import own_stores  # noqa: E402
 from bench.services import QuietHandler  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
@@ -217,50 +216,39 @@ def main() -> int:
     parser.add_argument("--flush-redis", action="store_true", help="empty a Redis that has keys")
     args = parser.parse_args()
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    if client.dbsize() and not args.flush_redis:
-        print(f"{settings.REDIS_URL} holds keys; this script empties it. Use --flush-redis.")
-        return 2
-    client.flushdb()
-    for name in ("audits", "jobs", "outbound"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = (
-        f"{connection.settings_dict['NAME']}_links_bench"
-    )
-    old_config = setup_databases(verbosity=0, interactive=False)
     if args.sites > 250:
         raise SystemExit("one loopback address per site: at most 250 sites")
-    tally = Tally()
-    servers = [LinkTargets(f"127.0.0.{site + 2}", tally) for site in range(args.sites)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    workers = [
-        WorkerProcess(
-            "audits",
-            pool=settings.AUDITS_WORKER_POOL,
-            concurrency=settings.AUDITS_WORKER_CONCURRENCY,
-            env=WORKER_ENV,
-        )
-        for _ in range(settings.AUDITS_WORKER_PROCESSES)
-    ]
-    rows = []
-    try:
-        for worker in workers:
-            worker.start(timeout=60)
-        page_ids = make_pages(args)
-        links = site_links([server.base_url for server in servers], args)
-        for name in ("night 1", "night 2")[: args.nights]:
-            rows.append(night(name, page_ids, links, args, tally))
-            print(rows[-1], flush=True)
-    finally:
-        for worker in workers:
-            worker.stop()
+    for name in ("audits", "jobs", "outbound"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with own_stores("links_bench", flush=args.flush_redis, flag="--flush-redis"):
+        tally = Tally()
+        servers = [LinkTargets(f"127.0.0.{site + 2}", tally) for site in range(args.sites)]
         for server in servers:
-            server.shutdown()
-            server.server_close()
-        client.flushdb()
-        teardown_databases(old_config, verbosity=0)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        workers = [
+            WorkerProcess(
+                "audits",
+                pool=settings.AUDITS_WORKER_POOL,
+                concurrency=settings.AUDITS_WORKER_CONCURRENCY,
+                env=WORKER_ENV,
+            )
+            for _ in range(settings.AUDITS_WORKER_PROCESSES)
+        ]
+        rows = []
+        try:
+            for worker in workers:
+                worker.start(timeout=60)
+            page_ids = make_pages(args)
+            links = site_links([server.base_url for server in servers], args)
+            for name in ("night 1", "night 2")[: args.nights]:
+                rows.append(night(name, page_ids, links, args, tally))
+                print(rows[-1], flush=True)
+        finally:
+            for worker in workers:
+                worker.stop()
+            for server in servers:
+                server.shutdown()
+                server.server_close()
 
     first = rows[0]
     print(
