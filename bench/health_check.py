@@ -132,7 +132,6 @@ def bench_submissions(client, *, blocks: int, per_block: int = 100) -> dict:
 
 
 def report(alone: dict, submissions: dict) -> str:
-    django_name, ours_name = CHECKS
     lines = [
         "| health check | `is_usable()`, us of CPU | a submission, ms of CPU | a submission, ms wall |",
         "| --- | ---: | ---: | ---: |",
