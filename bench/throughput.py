@@ -196,7 +196,7 @@ def plain_celery(
 class ReferenceView:
     """The minimal submission view, on the web process's own gunicorn command line."""
 
-    def __init__(self, args, web_command: str, redis_url: str, logs: Path, *, queue: str):
+    def __init__(self, args, redis_url: str, logs: Path, *, queue: str):
         if args.database == "postgres":
             self.database, self.drop = create_database(sqlite_fallback=False)
         else:
@@ -210,7 +210,9 @@ class ReferenceView:
         port = devservices.free_port()
         # Behind the same server as Plumb's web: its command line, and as many threads a
         # process as Plumb's runs on this database (2 on PostgreSQL, 1 on SQLite).
-        threads = web_threads({**os.environ, **STACK_ENV, "DATABASE_URL": self.database})
+        web_command, threads = web_server(
+            {**os.environ, **STACK_ENV, "DATABASE_URL": self.database}
+        )
         factory = (f"bench.reference.minimal_submit:asgi_application({self.database!r}, "
                    f"{redis_url!r}, {queue!r}, threads={threads})")  # fmt: skip
         command = shlex.split(re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", web_command))
@@ -277,11 +279,16 @@ def stack_commands(env: dict, checkout: Path = ROOT) -> dict[str, str]:
     )  # fmt: skip
 
 
-def web_threads(env: dict) -> int:
-    """The threads each of Plumb's web processes runs Django on under `env` (WEB_THREADS)."""
-    return read_from_django(
-        "from django.conf import settings; print(json.dumps(settings.WEB_THREADS))", env
-    )
+def web_server(env: dict) -> tuple[str, int]:
+    """Plumb's web under `env`: its command line, and the threads each of its processes runs
+    Django on (WEB_THREADS)."""
+    command, threads = read_from_django(
+        "from django.conf import settings; "
+        "from devstack.management.commands.runstack import stack_commands; "
+        "print(json.dumps([stack_commands()['web'], settings.WEB_THREADS]))",
+        env,
+    )  # fmt: skip
+    return command, threads
 
 
 class Stack:
@@ -466,8 +473,7 @@ def submissions(args, site: str, logs: Path, redis_url: str) -> dict:
         measured["baseline"] = plumb_submissions(
             args, site, logs, redis_url, checkout=args.baseline.resolve()
         )
-    view = ReferenceView(args, stack_commands({**os.environ, **STACK_ENV})["web"], redis_url,
-                         logs, queue="reference")  # fmt: skip
+    view = ReferenceView(args, redis_url, logs, queue="reference")
     try:
         submit(view.api, spread(site, "warm", 50))
         started, ended = submit(view.api, spread(site, "ref", args.count))
@@ -498,8 +504,7 @@ def plumb_submissions(
 
 def plain_celery_over_http(args, site: str, logs: Path, redis_url: str) -> dict:
     """The user's own end to end: the minimal view publishing the plain Celery task."""
-    web = stack_commands({**os.environ, **STACK_ENV})["web"]
-    view = ReferenceView(args, web, redis_url, logs, queue="plain")
+    view = ReferenceView(args, redis_url, logs, queue="plain")
     try:
         return plain_celery(site, args.count, redis_url, logs, api=view.api)
     finally:
