@@ -13,7 +13,7 @@ from django.conf import settings
 from config.devservices import free_port
 from config.flower import LoginFailures
 from devstack.management.commands.runstack import flower_basic_auth
-from tests.workers import ROOT, wait_for
+from tests.workers import ROOT, terminate, wait_for
 
 
 def test_configured_credentials_are_used_as_they_are(tmp_path):
@@ -73,18 +73,6 @@ def start_flower(port: int, **env) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def stop(flower: subprocess.Popen) -> None:
-    """End Flower as runstack does: SIGTERM, then SIGKILL after a grace period. Its exit is
-    not what these tests assert; once in a CI run it outlived 15 s of SIGTERM (an inspect
-    call in flight, most likely), and the cleanup failed a test whose assertions held."""
-    flower.terminate()
-    try:
-        flower.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        flower.kill()
-        flower.wait(timeout=10)
-
-
 @pytest.mark.slow
 def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
     port = free_port()
@@ -109,7 +97,7 @@ def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
         metrics = httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5)
         assert metrics.status_code == 200 and "flower_" in metrics.text
     finally:
-        stop(flower)
+        terminate(flower)
 
 
 @pytest.mark.slow
@@ -133,7 +121,7 @@ def test_flower_locks_out_an_address_after_repeated_failed_logins(redis_client):
         assert httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5).status_code == 429
         assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
     finally:
-        stop(flower)
+        terminate(flower)
 
 
 @pytest.mark.slow
@@ -161,4 +149,4 @@ def test_flower_reports_the_length_of_plumbs_queues(redis_client):
         broker_page = httpx.get(f"{url}broker", auth=("ops", "let-me-in"), timeout=5)
         assert broker_page.status_code == 200
     finally:
-        stop(flower)
+        terminate(flower)

@@ -23,7 +23,7 @@ import pytest
 from audits.models import Audit
 from config.devservices import SentinelGroup, free_port
 from tests.faults.outages import WebProcess
-from tests.workers import ROOT, database_url_for_workers, wait_for
+from tests.workers import ROOT, database_url_for_workers, terminate, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -164,5 +164,4 @@ def test_flower_reaches_the_workers_through_the_sentinels_across_a_failover(
                             auth=("ops", "pw"), timeout=10)  # fmt: skip
         assert lengths.status_code == 200, lengths.text
     finally:
-        flower.terminate()
-        flower.wait(timeout=15)
+        terminate(flower)
