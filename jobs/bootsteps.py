@@ -60,9 +60,16 @@ class ForkGate:
     ran to its soft time limit (DECISIONS.md, "No pool process is forked while a worker
     thread ticks"). So a fork waits for the ticks under way, and holds new ones until it
     is done: a tick is milliseconds, a fork rare (the pool's start, a replaced process).
+
+    The wait is bounded (`wait_seconds`): the fork runs in the worker's main thread, whose
+    event loop also consumes and acknowledges, and a tick can be stuck for as long as a
+    query to a server that vanished without closing. Such a tick waits on a socket and
+    holds neither lock the gate is for (an import's or SQLite's, held for milliseconds),
+    so past the bound the fork goes ahead, and says so.
     """
 
-    def __init__(self):
+    def __init__(self, wait_seconds: float = 2.0):
+        self.wait_seconds = wait_seconds
         self._changed = threading.Condition()
         self._ticking = 0
         self._forking = False
@@ -82,7 +89,11 @@ class ForkGate:
     def before_fork(self) -> None:
         with self._changed:
             self._forking = True
-            self._changed.wait_for(lambda: self._ticking == 0)
+            if not self._changed.wait_for(lambda: self._ticking == 0, self.wait_seconds):
+                log.warning(
+                    "fork_gate.forked_while_ticking",
+                    extra={"ticking": self._ticking, "waited_seconds": self.wait_seconds},
+                )
 
     def after_fork_in_parent(self) -> None:
         with self._changed:
@@ -90,7 +101,8 @@ class ForkGate:
             self._changed.notify_all()
 
     def after_fork_in_child(self) -> None:
-        self.__init__()  # none of the parent's threads is here; its lock may be copied held
+        # None of the parent's threads is here; its lock may be copied held.
+        self.__init__(self.wait_seconds)
 
 
 FORK_GATE = ForkGate()
