@@ -84,7 +84,12 @@ def read_settings_once(sender, **kwargs):
     )
 
 
-app.autodiscover_tasks()
+# Every installed app's `tasks` module, as the worker loads its modules: Celery asks its
+# fixups for the apps when given no packages, and this app has none of its own (the Django
+# fixup above is installed by hand), so the fixup's list is passed. Without it nothing was
+# discovered, and jobs.prune was registered only because Django's system checks, run as a
+# worker starts, imported the URLconf (`celery --skip-checks` left it unregistered).
+app.autodiscover_tasks(DJANGO_FIXUP.autodiscover_tasks)
 
 
 def stay_on_plumb_s_transport(alternates: list[str]):
