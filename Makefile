@@ -28,13 +28,15 @@ bootstrap: $(VENV)/.installed
 
 # uv installs what pip would, from the same index, in seconds rather than most of a
 # minute; pip does it when uv cannot (a platform without its wheel, pip's own settings
-# for an index or a proxy that uv does not read).
+# for an index or a proxy that uv does not read). Compiled to bytecode as pip does: uv
+# leaves that to the first import, which never writes it where PYTHONDONTWRITEBYTECODE is
+# set, and every process then compiled its libraries from source at each start.
 UV := 0.13.9
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check 'uv==$(UV)' \
-		&& $(VENV)/bin/uv pip install --quiet --python $(PY) '.[dev]' \
+		&& $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) '.[dev]' \
 		|| ($(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip \
 			&& $(PY) -m pip install --quiet --disable-pip-version-check '.[dev]')
 	rm -rf build plumb.egg-info
