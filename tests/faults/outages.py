@@ -28,9 +28,7 @@ class WebProcess:
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            # Its start is seconds of CPU (Django, the app's modules); on two cores shared with
-            # three other test files' workers and servers it once took over 30 s.
-            wait_for(self._answers, timeout=90, message="gunicorn to answer")
+            wait_for(self._answers, timeout=30, message="gunicorn to answer")
         except BaseException:
             # The test never gets `web` to stop: a start that timed out (a loaded machine)
             # left gunicorn running after the suite.
