@@ -387,6 +387,7 @@ def plumb_end_to_end(
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
         consumer_before = main_thread_cpu_seconds(stack.workers)
         commands_before = redis_commands(redis_url)
+        reads_before = redis_reads(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
         started, submitted = stack.submit(spread(site, tag, args.count))
         count, failed, latest = wait_for(
@@ -399,6 +400,7 @@ def plumb_end_to_end(
         commands = {name: (calls - commands_before.get(name, 0)) / args.count
                     for name, calls in redis_commands(redis_url).items()
                     if calls > commands_before.get(name, 0)}  # fmt: skip
+        reads = (redis_reads(redis_url) - reads_before) / args.count
         # Every core's busy time over the run, every process included (Redis, the site, the
         # clients): how near the machine itself is to its limit.
         busy = (machine_busy_seconds() - busy_before) / (
@@ -418,6 +420,7 @@ def plumb_end_to_end(
         "cpu_ms_per_audit": cpu_ms, "cpu_ms_per_audit_total": sum(cpu_ms.values()),
         "consumer_cpu_ms_per_audit": consumer_ms,
         "redis_commands_per_audit": dict(sorted(commands.items(), key=lambda kv: -kv[1])),
+        "redis_reads_per_audit": reads,
         "machine_busy": busy,
     }  # fmt: skip
 
@@ -426,6 +429,12 @@ def redis_commands(redis_url: str) -> dict[str, int]:
     """Calls of each command Redis has served since it started (INFO commandstats)."""
     stats = redis.Redis.from_url(redis_url).info("commandstats")
     return {name.removeprefix("cmdstat_"): fields["calls"] for name, fields in stats.items()}
+
+
+def redis_reads(redis_url: str) -> int:
+    """Reads Redis has made from its clients' sockets since it started (INFO stats): about one
+    a round trip, a pipeline's commands arriving together."""
+    return redis.Redis.from_url(redis_url).info("stats")["total_reads_processed"]
 
 
 def cpu_seconds(processes: list[SessionProcess]) -> float:
@@ -609,7 +618,8 @@ def report(results: dict, args) -> None:
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items())
                   + f" (of which the workers' main threads, kombu and Celery's consumer, "
                   f"{plumb['consumer_cpu_ms_per_audit']:.1f})")  # fmt: skip
-            print(f"{phase} round {n}: Redis commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
+            print(f"{phase} round {n}: Redis reads (round trips) per audit {plumb['redis_reads_per_audit']:.1f}, "
+                  f"commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
                   + ", ".join(f"{name} {calls:.1f}" for name, calls in plumb["redis_commands_per_audit"].items() if calls >= 0.1))  # fmt: skip
             if "baseline" in measured:
                 old = measured["baseline"]
