@@ -54,12 +54,13 @@ AUDIT_STEPS = [
         r"^(claim \(jobs/delayed.py|_check_arguments \(jobs/task.py)",
     ),
     ("downstream host lookup (database)", r"^downstream_host \("),
-    ("breaker", r"^(_permit|_record_verdict) \(jobs/task.py"),
-    # The attempt's metrics and running-registry entry, one pipeline at its start and end:
-    # the writes queued into it are metrics (below), sending it is this step.
+    ("breaker", r"^_after_verdict \(jobs/task.py|\(jobs/breakers.py"),
+    # The attempt's start (its in-flight key, breaker, running-registry entry and metrics:
+    # one script) and its end (one pipeline): the metrics' writes are built below, sending
+    # either is this step.
     (
-        "running registry and sending the attempt's pipelines",
-        r"^(_send_bookkeeping \(jobs/task.py|attempt_(started|stopped) \(jobs/backlog.py)",
+        "the attempt's start and its end's pipeline",
+        r"^(_start|_send_bookkeeping) \(jobs/task.py|attempt_stopped \(jobs/backlog.py",
     ),
     ("metrics", r"\(jobs/instrumentation.py|\(observability/metrics.py"),
     ("claim audit (database)", r"^claim_audit \(audits/services.py"),

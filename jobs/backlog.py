@@ -37,7 +37,7 @@ import redis
 from redis.client import Pipeline
 
 from config.celery_app import queue_list_keys, unacked_key_for_queue
-from config.redis import REDIS_NOW_LUA, lua, queue_script, redis_client
+from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.delayed import delayed_key, leased_key
 from jobs.policy import wait_horizon
 
@@ -74,10 +74,20 @@ return {waiting, retrying, running, later}
 """
 )
 
+# `note_running`: an attempt's entry in its queue's running registry (running_key), lapsing
+# `lease` seconds after `now`. Its own script below, and a step of an attempt's start
+# (jobs.task).
+RUNNING_LUA = """
+local function note_running(key, now, run_id, lease)
+  redis.call('ZADD', key, now + lease, run_id)
+end
+"""
+
 _STARTED = lua(
     REDIS_NOW_LUA
+    + RUNNING_LUA
     + """
-redis.call('ZADD', KEYS[1], redis_now() + tonumber(ARGV[2]), ARGV[1])
+note_running(KEYS[1], redis_now(), ARGV[1], tonumber(ARGV[2]))
 """
 )
 
@@ -133,21 +143,18 @@ def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSn
     )
 
 
-def attempt_started(
-    queue: str, run_id: str, *, lease_seconds: float, pipe: Pipeline | None = None
-) -> None:
+def attempt_started(queue: str, run_id: str, *, lease_seconds: float) -> None:
     """An attempt runs: its held message is not owed a slot while it does. Its entry
     lapses after `lease_seconds` (the task's deadline lease, jobs.deadlines), so a worker
-    that died running it leaves nothing behind.
-
-    With `pipe`, the write joins the caller's pipeline (sent, best effort, by the caller).
+    that died running it leaves nothing behind. A worker notes it in its attempt's start
+    (jobs.task, RUNNING_LUA), in the same round trip as the rest of that start.
     """
-    keys = [running_key(queue)]
-    args = [run_id, lease_seconds]
-    if pipe is not None:
-        queue_script(pipe, _STARTED, keys=keys, args=args)
-    else:
-        _best_effort(queue, lambda: _STARTED(keys=keys, args=args, client=redis_client()))
+    _best_effort(
+        queue,
+        lambda: _STARTED(
+            keys=[running_key(queue)], args=[run_id, lease_seconds], client=redis_client()
+        ),
+    )
 
 
 def attempt_stopped(queue: str, run_id: str, *, pipe: Pipeline | None = None) -> None:

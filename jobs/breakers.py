@@ -82,49 +82,74 @@ local function keep(key, now, idle)
 end
 """
 
-_ACQUIRE = lua(
+# `breaker_acquire`: one call's permit from the breaker at `key` ({decision, seconds until
+# its release, transition}), with the settings `acquire_args` gives, in that order. Its own
+# script below (`Breaker.acquire`), and a step of an attempt's start (jobs.task).
+ACQUIRE_LUA = (
     KEEP_LUA
     + """
-local now = redis.call('TIME')
-now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local function breaker_acquire(key, now, open_seconds, probes, slowest_rate, forget_after)
 local function decide()
-local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+local state = redis.call('HGET', key, 'state') or 'closed'
 if state == 'closed' then return {'allow', '0', ''} end
 -- The next free release time at or after `earliest`, one every 1/rate seconds: the rate
 -- before it opened, or the tasks parked in this outage over one open period if higher.
 local function release_after(earliest)
-  local parked = redis.call('HINCRBY', KEYS[1], 'parked', 1)
-  local rate = tonumber(redis.call('HGET', KEYS[1], 'release_rate') or ARGV[3])
-  rate = math.max(rate, parked / tonumber(ARGV[1]))
-  local at = math.max(earliest, tonumber(redis.call('HGET', KEYS[1], 'next_release') or '0'))
-  redis.call('HSET', KEYS[1], 'next_release', tostring(at + 1 / rate))
+  local parked = redis.call('HINCRBY', key, 'parked', 1)
+  local rate = tonumber(redis.call('HGET', key, 'release_rate') or slowest_rate)
+  rate = math.max(rate, parked / open_seconds)
+  local at = math.max(earliest, tonumber(redis.call('HGET', key, 'next_release') or '0'))
+  redis.call('HSET', key, 'next_release', tostring(at + 1 / rate))
   return tostring(at - now)
 end
 local transition = ''
 if state == 'open' then
-  local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until'))
+  local open_until = tonumber(redis.call('HGET', key, 'open_until'))
   if now < open_until then return {'open', release_after(open_until), ''} end
-  redis.call('HSET', KEYS[1], 'state', 'half_open', 'changed_at', tostring(now),
+  redis.call('HSET', key, 'state', 'half_open', 'changed_at', tostring(now),
              'probes_started', 0, 'probe_successes', 0, 'probes_since', tostring(now))
   transition = 'half_opened'
 end
-if now - tonumber(redis.call('HGET', KEYS[1], 'probes_since')) > tonumber(ARGV[1]) then
+if now - tonumber(redis.call('HGET', key, 'probes_since')) > open_seconds then
   -- Probes that never reported (their worker died): let others take their place.
-  redis.call('HSET', KEYS[1], 'probes_started', redis.call('HGET', KEYS[1], 'probe_successes'),
+  redis.call('HSET', key, 'probes_started', redis.call('HGET', key, 'probe_successes'),
              'probes_since', tostring(now))
 end
-if tonumber(redis.call('HGET', KEYS[1], 'probes_started')) < tonumber(ARGV[2]) then
-  redis.call('HINCRBY', KEYS[1], 'probes_started', 1)
+if tonumber(redis.call('HGET', key, 'probes_started')) < probes then
+  redis.call('HINCRBY', key, 'probes_started', 1)
   return {'probe', '0', transition}
 end
 -- The probes are out: wait at least a moment for their verdict.
 return {'half_open', release_after(now + 1), transition}
 end
 local answer = decide()
-keep(KEYS[1], now, tonumber(ARGV[4]))
+keep(key, now, forget_after)
 return answer
+end
 """
 )
+
+_ACQUIRE = lua(
+    ACQUIRE_LUA
+    + """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+return breaker_acquire(KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+                       tonumber(ARGV[4]))
+"""
+)
+
+
+def acquire_args() -> list:
+    """ACQUIRE_LUA's settings, in its order."""
+    return [
+        settings.BREAKER_OPEN_SECONDS,
+        settings.BREAKER_HALF_OPEN_PROBES,
+        # The slowest release rate a breaker can have measured when it opened.
+        settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
+        settings.BREAKER_FORGET_AFTER_SECONDS,
+    ]
+
 
 _RECORD = lua(
     KEEP_LUA
@@ -268,17 +293,12 @@ class Breaker:
         self.window_key = f"{self.key}:window"
 
     def acquire(self) -> Permit:
-        decision, release_in, transition = _ACQUIRE(
-            keys=[self.key],
-            args=[
-                settings.BREAKER_OPEN_SECONDS,
-                settings.BREAKER_HALF_OPEN_PROBES,
-                # The slowest release rate a breaker can have measured when it opened.
-                settings.BREAKER_MIN_CALLS / settings.BREAKER_WINDOW_SECONDS,
-                settings.BREAKER_FORGET_AFTER_SECONDS,
-            ],
-            client=redis_client(),
-        )
+        return self.permitted(_ACQUIRE(keys=[self.key], args=acquire_args(), client=redis_client()))
+
+    def permitted(self, answer: list) -> Permit:
+        """The permit in ACQUIRE_LUA's answer; a transition it made is logged, counted and
+        mirrored."""
+        decision, release_in, transition = answer
         if transition:
             self._transitioned(transition.decode())
         return Permit(decision.decode(), float(release_in))

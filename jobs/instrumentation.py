@@ -48,18 +48,17 @@ def queue_wait(request, started: float) -> float | None:
     return max(0.0, started - due)
 
 
-def attempt_started(task, *, pipe: Pipeline | None = None) -> None:
-    """A job's attempt passed its breaker and is about to run (written into `pipe` if given)."""
+def attempt_started_writes(task) -> metrics.Writes | None:
+    """The metrics of a job's attempt that passed its breaker and is about to run, for its
+    start's script to write (jobs.task); None for a task that is not counted as a job."""
     if not task.policy.counts_as_job:
-        return
+        return None
     request = task.request
     _, waited = _started.get(request.id, (None, None))
     # A job's first attempt is its first run past the breaker: no retry, no deferral
     # before it. So first attempts count unique jobs, and every other run is waste.
     first = not request.retries and not header(request, DEFERRALS_HEADER)
-    metrics.record_task_attempt(
-        task.name, first=first, job_id=request.id, queue_wait=waited, pipe=pipe
-    )
+    return metrics.task_attempt_writes(task.name, first=first, job_id=request.id, queue_wait=waited)
 
 
 def waited(task, reason: str) -> None:

@@ -38,6 +38,7 @@ import traceback
 import types
 import typing
 import uuid
+from dataclasses import dataclass
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, WorkerLostError
@@ -47,7 +48,7 @@ from django.db import transaction
 from redis import RedisError
 from redis.client import Pipeline
 
-from config.redis import lua, queue_script, redis_client
+from config.redis import REDIS_NOW_LUA, lua, queue_script, redis_client
 from jobs import backlog, breakers, deadletters, delayed, instrumentation, timelimits
 from jobs.deadlines import Deadline
 from jobs.errors import MalformedTaskMessage, RateLimited, Transient, WaitTooLong
@@ -73,6 +74,8 @@ from jobs.policy import (
     longest_wait,
     too_long,
 )
+from observability import metrics
+from observability.metrics import METRIC_WRITES_LUA
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +140,46 @@ end
 return 0
 """
 )
+
+# An attempt's start in one round trip: the run takes its in-flight key, asks its breaker,
+# and only when both let it run notes it running (jobs.backlog) and counts it. A refusal
+# writes nothing else: a parked run is no attempt, and a copy that met the key asks no
+# breaker. Answers the permit ({decision, release in, transition}, as ACQUIRE_LUA), or
+# {'in_flight'} when another run holds the key.
+# KEYS: the in-flight key, the breaker's key, the running registry, then the metrics'.
+# ARGV: the flight's token ('' to take none) and lapse in ms, '1' to ask the breaker (else
+# ''), its four settings (breakers.acquire_args), the run's id and lease, then the metrics'.
+_START = lua(
+    REDIS_NOW_LUA
+    + breakers.ACQUIRE_LUA
+    + backlog.RUNNING_LUA
+    + METRIC_WRITES_LUA
+    + """
+if ARGV[1] ~= '' and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {'in_flight', '0', ''}
+end
+local now = redis_now()
+local permit = {'allow', '0', ''}
+if ARGV[3] ~= '' then
+  permit = breaker_acquire(KEYS[2], now, tonumber(ARGV[4]), tonumber(ARGV[5]),
+                           tonumber(ARGV[6]), tonumber(ARGV[7]))
+  if permit[1] ~= 'allow' and permit[1] ~= 'probe' then return permit end
+end
+note_running(KEYS[3], now, ARGV[8], tonumber(ARGV[9]))
+local failed = metric_writes(3, 10)
+if failed then return failed end
+return permit
+"""
+)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What an attempt's start found: its run's id in the running registry, and its
+    breaker's permit (None: no breaker asked, or none could be)."""
+
+    run_id: str
+    permit: breakers.Permit | None
 
 
 class Waiting(Ignore):
@@ -278,11 +321,14 @@ class PlumbTask(Task):
                 log.info("task.duplicate_skipped", extra={"task": self.name, "task_id": request.id})
                 return None
             self._check_arguments(args, kwargs)
-            alone = self._take_flight()
+            host = self.downstream_host(args, kwargs)
+            start = self._start(host, take_flight=True)
+            if start is None and self._flight_taken_over():
+                start = self._start(host, take_flight=False)
         except INFRASTRUCTURE_UNAVAILABLE as exc:
             # Redis or the database, not the message, is at fault: wait it out.
             return self._after_error(exc)
-        if not alone:
+        if start is None:
             log.info("task.duplicate_in_flight", extra={"task": self.name, "task_id": request.id})
             # Not dropped: this copy may be the one that carries the job (a redelivery that
             # came before the killed run's key lapsed). It waits, and touches no row: the
@@ -290,20 +336,69 @@ class PlumbTask(Task):
             deferrals = int(header(request, DEFERRALS_HEADER) or 0)
             self._wait(DEFERRAL, step=deferrals + 1, after=None, deferrals=deferrals + 1,
                        why="another copy of this job is in flight", on_row=False)  # fmt: skip
-        try:
-            host = self.downstream_host(args, kwargs)
-        except INFRASTRUCTURE_UNAVAILABLE as exc:
-            return self._after_error(exc)
-        permit = self._permit(host)
+        permit = start.permit
         if permit is not None and not permit.allowed:
             reason = f"breaker {permit.decision.replace('_', '-')} for {host}"
             self._wait(PARK, after=permit.release_in, why=reason)
-        return self._attempt(host, permit, args, kwargs)
+        return self._attempt(host, start, args, kwargs)
 
-    # --- one copy of a job in flight -----------------------------------------------
-    def _take_flight(self) -> bool:
-        """May this delivery run its job? False while another copy of it (the same task id)
-        is in flight: a job's run holds `jobs:in-flight:<task id>` while it runs.
+    # --- an attempt's start, and one copy of a job in flight ------------------------
+    def _start(self, host: str | None, *, take_flight: bool) -> Start | None:
+        """Start an attempt in one round trip (`_START`): take the run's in-flight key
+        (`take_flight`, for a job with a row), ask the breaker of `host`, and if both let it
+        run, note it in the running registry and count it. None: another run holds the key.
+
+        Redis away raises when the key was to be taken (the run cannot know it is alone);
+        otherwise the run goes on unrecorded, its breaker failing open, as when a breaker or
+        the bookkeeping cannot be reached in any other step.
+        """
+        request = self.request
+        flight_token = ""
+        if take_flight and self.job is not None:
+            flight_token = getattr(request, "plumb_flight_token", None)
+            if flight_token is None:
+                flight_token = request.plumb_flight_token = uuid.uuid4().hex
+        breaker = (
+            breakers.Breaker(self.name, host)
+            if host is not None and settings.BREAKER_ENABLED
+            else None
+        )
+        run_id = f"{request.id}:{time.monotonic_ns()}"
+        writes = instrumentation.attempt_started_writes(self) or metrics.Writes([], [])
+        flight_key = in_flight_key(request.id)
+        try:
+            answer = _START(
+                keys=[flight_key, breaker.key if breaker else flight_key,
+                      backlog.running_key(self._queue()), *writes.keys],
+                args=[flight_token, int(self._flight_lapse() * 1000), "1" if breaker else "",
+                      *breakers.acquire_args(), run_id, self._lease(), *writes.args],
+                client=redis_client(),
+            )  # fmt: skip
+        except RedisError as exc:
+            if flight_token:
+                raise
+            if breaker is not None:
+                log.warning("breaker.unavailable", extra={"task": self.name, "host": host})
+            log.warning(
+                "task.bookkeeping_unrecorded",
+                extra={"task": self.name, "moment": "attempt_started", "error": repr(exc)},
+            )
+            return Start(run_id, permit=None)
+        if answer[0] == b"in_flight":
+            return None
+        return Start(run_id, permit=breaker.permitted(answer) if breaker else None)
+
+    def _flight_lapse(self) -> float:
+        """How long a run's in-flight key outlives a worker that died holding it: the task's
+        lease or its queue's visibility timeout, whichever is shorter, so no longer than
+        its message stays unacknowledged."""
+        return min(self._lease(), settings.QUEUE_VISIBILITY_TIMEOUTS[self._queue()])
+
+    def _flight_taken_over(self) -> bool:
+        """A job's run holds `jobs:in-flight:<task id>` while it runs (`_start`); found
+        held, may this delivery run its job after all? True when the key is its own, or
+        stale (taken over); False while another copy of the job (the same task id) is in
+        flight.
 
         Two copies of one job exist when the reconciler publishes again a message that was
         not lost: after Redis restarted with its data (an AOF, a replica), it cannot tell
@@ -315,32 +410,24 @@ class PlumbTask(Task):
 
         The key names this delivery, not this run: a run held in the worker (Redis away,
         HoldInPlace) runs again under it, even if its release could not be written. It
-        lapses after the task's lease or its queue's visibility timeout, whichever is
-        shorter, so a worker that died holds it no longer than its message stays
-        unacknowledged. Only jobs with a row (`job`) take it: their claims count attempts.
+        lapses after `_flight_lapse`. Only jobs with a row (`job`) take it: their claims
+        count attempts.
         """
-        if self.job is None:
-            return True
         request = self.request
-        token = getattr(request, "plumb_flight_token", None)
-        if token is None:
-            token = request.plumb_flight_token = uuid.uuid4().hex
         key = in_flight_key(request.id)
         client = redis_client()
-        lapse = min(self._lease(), settings.QUEUE_VISIBILITY_TIMEOUTS[self._queue()])
-        if client.set(key, token, nx=True, px=int(lapse * 1000)):
-            return True
         holder = client.get(key)
-        if holder is None or holder.decode() == token:
+        if holder is None or holder.decode() == request.plumb_flight_token:
             return True
         # A run that ended while Redis was away could not delete its key (a run held in
         # the worker past its budget): its copy waited out the whole lapse, and the last
         # audit of a 20 s outage succeeded 95 s after it. A key that old whose row is not
         # in an attempt has no live run behind it: take it over. A holder still between
         # taking the key and claiming the row is milliseconds old, not seconds.
+        lapse = self._flight_lapse()
         age = lapse - max(0, client.pttl(key)) / 1000
         if age >= STALE_FLIGHT_SECONDS and not self._row_running(request.args):
-            client.set(key, token, px=int(lapse * 1000))
+            client.set(key, request.plumb_flight_token, px=int(lapse * 1000))
             return True
         return False
 
@@ -385,24 +472,9 @@ class PlumbTask(Task):
             # It lapses with its lease; a rerun of this delivery holds it still (its token).
             log.warning("task.flight_not_left", extra={"task": self.name, "error": repr(exc)})
 
-    def _permit(self, host: str | None) -> breakers.Permit | None:
-        if host is None or not settings.BREAKER_ENABLED:
-            return None
-        try:
-            return breakers.Breaker(self.name, host).acquire()
-        except RedisError:
-            # The breaker fails open: without its state, the call goes through.
-            log.warning("breaker.unavailable", extra={"task": self.name, "host": host})
-            return None
-
-    def _attempt(self, host, permit, args, kwargs):
+    def _attempt(self, host, start: Start, args, kwargs):
         queue = self._queue()
-        run_id = f"{self.request.id}:{time.monotonic_ns()}"
-        # The attempt's metrics and its running-registry entry go in one round trip.
-        pipe = redis_client().pipeline(transaction=False)
-        instrumentation.attempt_started(self, pipe=pipe)
-        backlog.attempt_started(queue, run_id, lease_seconds=self._lease(), pipe=pipe)
-        self._send_bookkeeping(pipe, "attempt_started")
+        permit = start.permit
         hard, soft = self.request.timelimit or (None, None)
         timelimits.attempt_started(
             self.name, self.request.id,
@@ -428,7 +500,7 @@ class PlumbTask(Task):
                 instrumentation.completed(self, pipe=pipe)
                 # The run is over: its in-flight key goes in this round trip, not one more.
                 self._leave_flight(pipe)
-            backlog.attempt_stopped(queue, run_id, pipe=pipe)
+            backlog.attempt_stopped(queue, start.run_id, pipe=pipe)
             if permit is None:
                 self._send_bookkeeping(pipe, "attempt_stopped")
             else:

@@ -332,26 +332,40 @@ def _check(name: str, value: str, allowed: Iterable[str]) -> str:
 # one command instead of one per write is most of what recording costs the process
 # (redis-py packs and parses each command of a pipeline in Python): a downstream request
 # was six commands, an attempt's start eight (DECISIONS.md, "The audit's own plumbing").
-WRITE_LUA = """
-local i = 1
-while i <= #ARGV do
-  local op, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
-  if op == 'i' then
-    redis.call('HINCRBY', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
-  elseif op == 'f' then
-    redis.call('HINCRBYFLOAT', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
-  elseif op == 'h' then
-    redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
-  elseif op == 'p' then
-    redis.call('PFADD', key, ARGV[i + 2]); i = i + 3
-  elseif op == 'x' then
-    redis.call('EXPIREAT', key, ARGV[i + 2]); i = i + 3
-  else
-    return redis.error_reply('unknown metric write ' .. tostring(op))
+# `metric_writes(first_key, first_arg)` applies the writes from ARGV[first_arg] on, their
+# keys' indexes counted after KEYS[first_key]: so another script can apply an event's
+# writes in its own step, after its own keys and arguments (`Writes`; an attempt's start,
+# jobs.task). It returns nothing, or the error of a write it does not know.
+METRIC_WRITES_LUA = """
+local function metric_writes(first_key, first_arg)
+  local i = first_arg
+  while i <= #ARGV do
+    local op, key = ARGV[i], KEYS[first_key + tonumber(ARGV[i + 1])]
+    if op == 'i' then
+      redis.call('HINCRBY', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
+    elseif op == 'f' then
+      redis.call('HINCRBYFLOAT', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
+    elseif op == 'h' then
+      redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3]); i = i + 4
+    elseif op == 'p' then
+      redis.call('PFADD', key, ARGV[i + 2]); i = i + 3
+    elseif op == 'x' then
+      redis.call('EXPIREAT', key, ARGV[i + 2]); i = i + 3
+    else
+      return redis.error_reply('unknown metric write ' .. tostring(op))
+    end
   end
 end
-return 0
 """
+
+
+@dataclass(frozen=True)
+class Writes:
+    """One event's writes, for a script that applies them with METRIC_WRITES_LUA: its own
+    keys first, then these (`metric_writes(<its key count>, <its argument count> + 1)`)."""
+
+    keys: list[str]
+    args: list
 
 
 class _Recorder:
@@ -409,8 +423,18 @@ class _Recorder:
         if self.args:
             queue_script(self.pipe, WRITE, keys=list(self.keys), args=self.args)
 
+    def writes(self) -> Writes:
+        return Writes(keys=list(self.keys), args=self.args)
 
-WRITE = lua(WRITE_LUA)
+
+WRITE = lua(
+    METRIC_WRITES_LUA
+    + """
+local failed = metric_writes(0, 1)
+if failed then return failed end
+return 0
+"""
+)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -451,13 +475,24 @@ def record_task_attempt(
     job_id: str,
     queue_wait: float | None = None,
     now: float | None = None,
-    pipe: Pipeline | None = None,
 ) -> None:
     """A worker started running `task` for job `job_id` (the task id, kept across retries).
+    A worker's own attempts are written in their start's round trip (`task_attempt_writes`)."""
+    _record("task_attempt", _task_attempt(task, first, job_id, queue_wait), now)
 
-    With `pipe` (here and in `record_completion`) the writes join the caller's pipeline.
-    """
 
+def task_attempt_writes(
+    task: str, *, first: bool, job_id: str, queue_wait: float | None = None
+) -> Writes:
+    """`record_task_attempt`'s writes, for a script to apply in its own step."""
+    recorder = _Recorder(None, minute_of(None))
+    _task_attempt(task, first, job_id, queue_wait)(recorder)
+    return recorder.writes()
+
+
+def _task_attempt(
+    task: str, first: bool, job_id: str, queue_wait: float | None
+) -> Callable[[_Recorder], None]:
     def write(r: _Recorder) -> None:
         r.count(TASK_ATTEMPTS, task)
         r.bump(Field.ATTEMPTS)
@@ -468,7 +503,7 @@ def record_task_attempt(
         if queue_wait is not None:
             r.observe(QUEUE_WAIT, task, value=max(0.0, queue_wait))
 
-    _record("task_attempt", write, now, pipe)
+    return write
 
 
 def record_retry(task: str, reason: str, *, now: float | None = None) -> None:

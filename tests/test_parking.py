@@ -11,9 +11,10 @@ from django.conf import settings
 
 from audits.models import Audit
 from audits.tasks import AUDIT_POLICY
-from jobs import delayed
+from jobs import backlog, delayed
 from jobs.breakers import FAILURE, Breaker
 from jobs.models import CircuitBreaker, DeadLetter
+from observability.metrics import TASK_ATTEMPTS, read_counter
 from outbound.urls import origin_key
 from tests.submitting import submit
 from tests.test_metrics import scrape
@@ -55,6 +56,10 @@ def status_of(audit: Audit) -> str:
     return Audit.objects.get(id=audit.id).status
 
 
+def attempts_counted() -> float:
+    return read_counter(TASK_ATTEMPTS).get(("audits.run_audit",), 0)
+
+
 def parked() -> list[delayed.Entry]:
     return [entry for entry, _due in delayed.entries(settings.AUDIT_QUEUE)]
 
@@ -80,9 +85,13 @@ def test_a_task_parked_by_an_open_breaker_keeps_its_attempt_count(
     row = Audit.objects.get(id=audit.id)
     assert (row.status, row.attempts) == ("retrying", 0)
     assert site.hits["/noindex"] == 0
+    # The start's one step wrote the park alone: no attempt counted, nothing noted running.
+    assert attempts_counted() == 0
+    assert redis_client.zcard(backlog.running_key(settings.AUDIT_QUEUE)) == 0
 
     wait_for(lambda: status_of(audit) == "succeeded", timeout=20, message="the audit to run")
     assert Audit.objects.get(id=audit.id).attempts == 1, worker.output()
+    assert attempts_counted() == 1
     assert site.hits["/noindex"] == 1
     assert "task.retry" not in worker.output()
     # It was the probe that closed the breaker (just after the audit finished).
