@@ -6,11 +6,13 @@ Around each run it puts, in this order:
    without running (jobs.delayed.claim);
 2. the message's shape: arguments that cannot belong to a real task are a
    `MalformedTaskMessage`, dead-lettered on this first delivery;
-3. the circuit breaker of the task's downstream origin (`downstream_host`): while it
+3. the run's in-flight key: a copy of the job that meets another run in flight waits;
+4. the circuit breaker of the task's downstream origin (`downstream_host`): while it
    is open the job is parked, without spending an attempt;
-4. the metrics of an attempt (only now: a parked run is no attempt) and the running
-   registry that keeps the backlog exact (jobs.backlog);
-5. the task's policy (`policy`, a jobs.policy.RetryPolicy) on what the run raised:
+5. the metrics of an attempt (only now: a parked run is no attempt) and the running
+   registry that keeps the backlog exact (jobs.backlog); 3 to 5 are one script, one
+   round trip (`_start`);
+6. the task's policy (`policy`, a jobs.policy.RetryPolicy) on what the run raised:
    `RateLimited` defers the job without spending an attempt, up to the policy's
    deferrals; `Transient` (and the policy's `retry_on`) retries it after
    `jobs.policy.delay`; anything else, or a retry past the last attempt, ends it as

@@ -15,7 +15,8 @@ become labels; they go into log lines.
 Who calls what:
     record_task_attempt / _retry / _completion / _failure / _audit_duration
         jobs.instrumentation, called by PlumbTask for the product's jobs only (audits,
-        link checks, webhook deliveries): an attempt once its breaker lets it run, a
+        link checks, webhook deliveries): an attempt once its breaker lets it run (its
+        writes, `task_attempt_writes`, applied by the attempt's start script), a
         retry for every wait by its reason (error, rate_limited, breaker_parked, outage).
     record_downstream_request   every HTTP request to a downstream (the outbound client)
     admission decisions         counted by the admission script itself, in the same atomic
