@@ -30,6 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
+import redis
+
 from config import devservices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +42,6 @@ LOCAL_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
 
 def _server_connection(url: str):
     """An autocommit connection to the `postgres` database of `url`'s server."""
-    import psycopg
-
     return psycopg.connect(urlunsplit(urlsplit(url)._replace(path="/postgres")), autocommit=True)
 
 
@@ -270,6 +271,46 @@ def thread_cpu_seconds(pid: int, tid: int) -> float:
     except OSError:
         return 0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) of a server process, its live children and the children it
+    has reaped (a PostgreSQL backend that exited is counted in its postmaster's). None when
+    `pid` is not a process of this machine."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    ticks = sum(int(value) for value in fields[11:15])
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                child = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(child[1]) == pid:
+            ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def redis_server_pid(url: str) -> int:
+    """The process id of the Redis server at `url` (INFO server)."""
+    return int(redis.Redis.from_url(url).info("server")["process_id"])
+
+
+def postgres_server_pid(url: str) -> int | None:
+    """The process id of the postmaster of the PostgreSQL server at `url`: the parent of
+    the backend that answers. None when that backend is not a process of this machine."""
+    with psycopg.connect(url) as connection:
+        (backend,) = connection.execute("SELECT pg_backend_pid()").fetchone()
+        try:
+            with open(f"/proc/{backend}/stat") as stat:
+                return int(stat.read().rpartition(")")[2].split()[1])
+        except OSError:
+            return None
 
 
 def pids_named(name: str) -> list[int]:

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from bench.reference import plain_celery as reference  # noqa: E402
@@ -62,6 +63,9 @@ from bench.services import (  # noqa: E402
     SessionProcess,
     create_database,
     machine_busy_seconds,
+    postgres_server_pid,
+    redis_server_pid,
+    server_cpu_seconds,
     start_redis,
     thread_cpu_seconds,
 )
@@ -333,6 +337,18 @@ class Stack:
             wait_for(lambda name=name: _celery_ready(self.logs / f"{name}.log", since[name]), timeout=60,
                      message=f"the audits worker {name}")  # fmt: skip
 
+    def server_pids(self) -> dict[str, int]:
+        """The servers this stack talks to that run on this machine, by role: Redis, and
+        PostgreSQL's postmaster (SQLite runs inside the stack's own processes)."""
+        pids = {"Redis": redis_server_pid(self.redis_url)}
+        if not self.database_url.startswith("sqlite"):
+            pids["database server"] = postgres_server_pid(self.database_url)
+        return {
+            name: pid
+            for name, pid in pids.items()
+            if pid is not None and server_cpu_seconds(pid) is not None
+        }
+
     def submit(self, urls: list[str]) -> tuple[float, float]:
         return submit(self.api, urls)
 
@@ -347,8 +363,6 @@ class Stack:
                 count, failed, latest = db.execute(query).fetchone()
             latest = latest and datetime.fromisoformat(latest).replace(tzinfo=UTC).timestamp()
         else:
-            import psycopg
-
             with psycopg.connect(self.database_url) as db:
                 count, failed, latest = db.execute(query).fetchone()
             latest = latest and latest.timestamp()
@@ -386,6 +400,8 @@ def plumb_end_to_end(
         roles = {"web": [stack.web], "audits workers": stack.workers}
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
         consumer_before = main_thread_cpu_seconds(stack.workers)
+        servers = stack.server_pids()
+        servers_before = {name: server_cpu_seconds(pid) for name, pid in servers.items()}
         commands_before = redis_commands(redis_url)
         reads_before = redis_reads(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
@@ -397,15 +413,16 @@ def plumb_end_to_end(
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
         consumer_ms = (main_thread_cpu_seconds(stack.workers) - consumer_before) * 1000 / args.count
+        servers_ms = {name: (server_cpu_seconds(pid) - servers_before[name]) * 1000 / args.count
+                      for name, pid in servers.items()}  # fmt: skip
         commands = {name: (calls - commands_before.get(name, 0)) / args.count
                     for name, calls in redis_commands(redis_url).items()
                     if calls > commands_before.get(name, 0)}  # fmt: skip
         reads = (redis_reads(redis_url) - reads_before) / args.count
         # Every core's busy time over the run, every process included (Redis, the site, the
         # clients): how near the machine itself is to its limit.
-        busy = (machine_busy_seconds() - busy_before) / (
-            (time.time() - busy_since) * os.cpu_count()
-        )
+        busy_seconds = machine_busy_seconds() - busy_before
+        busy = busy_seconds / ((time.time() - busy_since) * os.cpu_count())
         peak = memory.stop()
         for profiler in profilers:
             profiler.send_signal(2)
@@ -419,6 +436,10 @@ def plumb_end_to_end(
         "audits_workers": len(stack.workers),
         "cpu_ms_per_audit": cpu_ms, "cpu_ms_per_audit_total": sum(cpu_ms.values()),
         "consumer_cpu_ms_per_audit": consumer_ms,
+        # The servers' own CPU (those of this machine), and every process's together: the
+        # site and the bench's clients are the machine's rest.
+        "server_cpu_ms_per_audit": servers_ms,
+        "machine_cpu_ms_per_audit": busy_seconds * 1000 / args.count,
         "redis_commands_per_audit": dict(sorted(commands.items(), key=lambda kv: -kv[1])),
         "redis_reads_per_audit": reads,
         "machine_busy": busy,
@@ -618,6 +639,10 @@ def report(results: dict, args) -> None:
                   + ", ".join(f"{name} {ms:.1f}" for name, ms in plumb["cpu_ms_per_audit"].items())
                   + f" (of which the workers' main threads, kombu and Celery's consumer, "
                   f"{plumb['consumer_cpu_ms_per_audit']:.1f})")  # fmt: skip
+            print(f"{phase} round {n}: CPU ms per audit elsewhere: "
+                  + "".join(f"{name} {ms:.1f}, " for name, ms in plumb["server_cpu_ms_per_audit"].items())
+                  + f"the machine in all {plumb['machine_cpu_ms_per_audit']:.1f} (every process: the "
+                  "site and the bench's clients too)")  # fmt: skip
             print(f"{phase} round {n}: Redis reads (round trips) per audit {plumb['redis_reads_per_audit']:.1f}, "
                   f"commands per audit {sum(plumb['redis_commands_per_audit'].values()):.1f}: "
                   + ", ".join(f"{name} {calls:.1f}" for name, calls in plumb["redis_commands_per_audit"].items() if calls >= 0.1))  # fmt: skip
