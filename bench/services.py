@@ -250,50 +250,52 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a `/proc/.../stat` file after the command's name (field 3 on: state,
+    parent, ..., utime at [11], stime [12], reaped children's [13] and [14]); None once the
+    process is gone."""
+    try:
+        with open(path) as stat:
+            return stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """CPU time (user + system) of the processes, those still alive."""
     ticks = 0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rpartition(")")[2].split()
+        fields = _stat_fields(f"/proc/{pid}/stat")
+        if fields is not None:
             ticks += int(fields[11]) + int(fields[12])
-        except OSError:
-            continue
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu_seconds(pid: int, tid: int) -> float:
     """CPU time (user + system) of one thread of a live process; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
+    fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+    if fields is None:
         return 0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu_seconds(pid: int) -> float | None:
+def server_cpu_seconds(pid: int) -> float:
     """CPU time (user + system) of a server process, its live children and the children it
-    has reaped (a PostgreSQL backend that exited is counted in its postmaster's). None when
-    `pid` is not a process of this machine."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    ticks = sum(int(value) for value in fields[11:15])
+    has reaped (a PostgreSQL backend that exited is counted in its postmaster's)."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    own = 0 if fields is None else sum(int(value) for value in fields[11:15])
+    return own / os.sysconf("SC_CLK_TCK") + cpu_seconds(children_of(pid))
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    children = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                child = stat.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(child[1]) == pid:
-            ticks += int(child[11]) + int(child[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+        if entry.isdigit():
+            fields = _stat_fields(f"/proc/{entry}/stat")
+            if fields is not None and int(fields[1]) == pid:
+                children.append(int(entry))
+    return children
 
 
 def redis_server_pid(url: str) -> int:
@@ -303,14 +305,11 @@ def redis_server_pid(url: str) -> int:
 
 def postgres_server_pid(url: str) -> int | None:
     """The process id of the postmaster of the PostgreSQL server at `url`: the parent of
-    the backend that answers. None when that backend is not a process of this machine."""
+    the backend that answers, read on this machine (None when no process has its id)."""
     with psycopg.connect(url) as connection:
         (backend,) = connection.execute("SELECT pg_backend_pid()").fetchone()
-        try:
-            with open(f"/proc/{backend}/stat") as stat:
-                return int(stat.read().rpartition(")")[2].split()[1])
-        except OSError:
-            return None
+        fields = _stat_fields(f"/proc/{backend}/stat")
+    return None if fields is None else int(fields[1])
 
 
 def pids_named(name: str) -> list[int]:

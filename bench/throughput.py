@@ -63,6 +63,7 @@ from bench.services import (  # noqa: E402
     SessionProcess,
     create_database,
     machine_busy_seconds,
+    pids_named,
     postgres_server_pid,
     redis_server_pid,
     server_cpu_seconds,
@@ -339,15 +340,12 @@ class Stack:
 
     def server_pids(self) -> dict[str, int]:
         """The servers this stack talks to that run on this machine, by role: Redis, and
-        PostgreSQL's postmaster (SQLite runs inside the stack's own processes)."""
-        pids = {"Redis": redis_server_pid(self.redis_url)}
+        PostgreSQL's postmaster (SQLite runs inside the stack's own processes). A server
+        elsewhere is left out: the id it reports is no process of that name here."""
+        found = {"Redis": (redis_server_pid(self.redis_url), "redis-server")}
         if not self.database_url.startswith("sqlite"):
-            pids["database server"] = postgres_server_pid(self.database_url)
-        return {
-            name: pid
-            for name, pid in pids.items()
-            if pid is not None and server_cpu_seconds(pid) is not None
-        }
+            found["database server"] = (postgres_server_pid(self.database_url), "postgres")
+        return {role: pid for role, (pid, command) in found.items() if pid in pids_named(command)}
 
     def submit(self, urls: list[str]) -> tuple[float, float]:
         return submit(self.api, urls)

@@ -520,6 +520,9 @@ def record_retry(task: str, reason: str, *, now: float | None = None) -> None:
 
 
 def record_completion(task: str, *, now: float | None = None, pipe: Pipeline | None = None) -> None:
+    """A run of `task` succeeded. With `pipe` the writes join the caller's pipeline (an
+    attempt's end)."""
+
     def write(r: _Recorder) -> None:
         r.count(TASK_COMPLETIONS, task)
         r.bump(Field.COMPLETIONS)
