@@ -107,10 +107,14 @@ class Page(models.Model):
 @dataclass(frozen=True)
 class PreviousSuccess:
     """The page's previous succeeded audit as an attempt's claim read it (a nightly
-    re-audit's, with conditional re-audits on): its id and its result."""
+    re-audit's, with conditional re-audits on): its id and its result. NO_PREVIOUS_SUCCESS:
+    the claim found the page had none."""
 
-    id: uuid.UUID
-    result: dict
+    id: uuid.UUID | None
+    result: dict | None
+
+
+NO_PREVIOUS_SUCCESS = PreviousSuccess(None, None)
 
 
 class AuditQuerySet(models.QuerySet):
@@ -134,12 +138,13 @@ class AuditQuerySet(models.QuerySet):
         success reads its row and locks its page in one statement, reads the previous
         success in another, then writes (DECISIONS.md, "The audit's own plumbing").
 
-        `previous`: the previous success this attempt's claim read. The success is then
-        compared with it and written on the condition that it is still the page's latest
-        success once the page is locked, which saves the read; when another success
-        finished since the claim, the finish reads that one and compares with it instead.
-        An audit that changed nothing since it, owes no callback, and so has nothing
-        for the listeners to write, is finished by one query (`_finish_unchanged`).
+        `previous`: the previous success this attempt's claim read (NO_PREVIOUS_SUCCESS:
+        the page had none). The success is then compared with it and written on the
+        condition that it is still the page's latest success once the page is locked,
+        which saves the read; when another success finished since the claim, the finish
+        reads that one and compares with it instead. A success that owes its listeners
+        nothing to write (no callback of its own, and no change or no page callback) is
+        finished by one query, its page's update included (`_finish_in_one_query`).
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
@@ -148,7 +153,7 @@ class AuditQuerySet(models.QuerySet):
             previous is not None
             and status == Audit.Status.SUCCEEDED
             and several_statements_in_one_query(connection)
-            and self._finish_unchanged(audit_id, fields, previous, connection)
+            and self._finish_in_one_query(audit_id, fields, previous, connection)
         ):
             return True
         with transaction.atomic(using=self.db):
@@ -198,41 +203,42 @@ class AuditQuerySet(models.QuerySet):
             _log_finished(audit_id, status, fields)
         return bool(updated)
 
-    def _finish_unchanged(
+    def _finish_in_one_query(
         self, audit_id, fields: dict, previous: PreviousSuccess, connection
     ) -> bool:
-        """Finish a success that changed nothing since `previous` in one query: the page's
-        lock, then the UPDATE, on the condition that `previous` is still the page's latest
-        success (read after the lock, by the UPDATE's own snapshot) and the audit owes no
-        callback. Nothing to write to the page, and nothing for the listeners to write: the
+        """Finish a success compared with `previous` in one query: the page's lock, then
+        the UPDATE, with the page's own update alongside it in the same statement, on the
+        condition that `previous` is still the page's latest success (read after the
+        lock, by the UPDATE's own snapshot) and that the listeners owe nothing: the audit
+        has no callback, and either nothing changed or the page has no callback. The
         transaction is the query's own. False, having changed nothing, when any of that
-        does not hold (the caller then finishes it as any other)."""
-        unchanged = dict(fields)
-        # Anything to write to the page (a change, its failing checks) takes the transaction.
-        if self._compared(unchanged, previous.result, fields["result"]):
-            return False
+        does not hold (the caller then finishes it in a transaction, as any other)."""
+        compared = dict(fields)
+        page_fields = self._compared(compared, previous.result, fields["result"])
+        changed = bool(compared["changes"])
         audit_pk = Audit._meta.pk.get_db_prep_value(audit_id, connection)
+        previous_pk = Audit._meta.pk.get_db_prep_value(previous.id, connection)  # None: none
         row = AUDIT_JOB.finish(
             audit_id,
             Audit.Status.SUCCEEDED,
             before=SQL(LOCK_PAGE_OF_AUDIT_SQL, (audit_pk,)),
-            condition=SQL(
-                UNCHANGED_SINCE_SQL, (Audit._meta.pk.get_db_prep_value(previous.id, connection),)
-            ),
+            condition=SQL(OWES_NOTHING_SQL[changed], (previous_pk,)),
+            alongside=_page_update(page_fields, FINISHED_PAGE, connection) if page_fields else None,
             returning=("page__callback_url",),
-            **unchanged,
+            **compared,
         )
         if not row:
             return False
-        # After the commit: with no change and no callback, no listener owes anything.
+        # After the commit: with no callback, and no change or no page callback, no
+        # listener owes anything.
         audit_finished.send(
             sender=Audit,
             audit_id=str(audit_id),
             callback=False,
-            changed=False,
+            changed=changed,
             page_callback=bool(row[0]),
         )
-        _log_finished(audit_id, Audit.Status.SUCCEEDED, unchanged)
+        _log_finished(audit_id, Audit.Status.SUCCEEDED, compared)
         return True
 
     @staticmethod
@@ -290,17 +296,21 @@ class AuditQuerySet(models.QuerySet):
         return Audit._meta.get_field("result").from_db_value(row[0], None, connection)
 
 
-def _update_page(page_id: int, page_fields: dict, connection) -> None:
+def _page_update(page_fields: dict, which: str, connection) -> SQL:
     """A success's update of its page (its dates, its failing checks), written from the
-    fields it sets, as the finish's other statements are: an ORM update compiled its
-    query on every success."""
+    fields it sets, as the finish's other statements are (an ORM update compiled its
+    query on every success), for the page `which` names: a condition on its key."""
     fields = [Page._meta.get_field(name) for name in page_fields]
     assignments = ", ".join(f'"{field.column}" = %s' for field in fields)
-    params = [field.get_db_prep_save(page_fields[field.name], connection) for field in fields]
+    params = tuple(field.get_db_prep_save(page_fields[field.name], connection) for field in fields)
+    return SQL(f'UPDATE {_P} SET {assignments} WHERE "{Page._meta.pk.column}" {which}', params)
+
+
+def _update_page(page_id: int, page_fields: dict, connection) -> None:
+    """The page's update inside a finish's transaction."""
+    update = _page_update(page_fields, "= %s", connection)
     with preparing_cursor(connection) as cursor:
-        cursor.execute(
-            f'UPDATE {_P} SET {assignments} WHERE "{Page._meta.pk.column}" = %s', [*params, page_id]
-        )
+        cursor.execute(update.sql, [*update.params, page_id])
 
 
 def _log_finished(audit_id, status: str, fields: dict) -> None:
@@ -476,26 +486,40 @@ def _previous_success_of_row(column: str) -> str:
     )
 
 
-# A nightly re-audit's claim returns its page's previous success, its result and its id
-# (the validators it may revalidate with, the result a 304 carries forward and the finish
-# compares with): read by the claim's own statement, for a re-audit only
-# (audits.services.claim_audit).
+# Every claim returns the id of its page's previous success (None: the page has none),
+# so a finish can compare with it without reading it; a nightly re-audit's claim also
+# returns that success's result (the validators it may revalidate with, the result a 304
+# carries forward and the finish compares with), with conditional re-audits on
+# (audits.services.claim_audit). A client's audit of a page with a success reads that
+# result only when it succeeds.
+PREVIOUS_SUCCESS_ID = Returned(_previous_success_of_row("id"), Audit._meta.pk)
 _IF_REAUDIT = f"CASE WHEN {_A}.\"trigger\" = '{Audit.Trigger.REAUDIT}' THEN "
 PREVIOUS_RESULT_OF_REAUDIT = Returned(
     f"{_IF_REAUDIT}{_previous_success_of_row('result')} END", Audit._meta.get_field("result")
 )
-PREVIOUS_ID_OF_REAUDIT = Returned(
-    f"{_IF_REAUDIT}{_previous_success_of_row('id')} END", Audit._meta.pk
-)
-# A finish's condition: the previous success is still the one its claim read.
-STILL_PREVIOUS_SUCCESS_SQL = f"{_previous_success_of_row('id')} = %s"
-# An unchanged success's one-query finish: its page locked first, then its UPDATE on the
-# condition that it owes no callback and the previous success is still the claim's.
+# A finish's condition: the previous success is still the one its claim read (none
+# still none).
+STILL_PREVIOUS_SUCCESS_SQL = f"{_previous_success_of_row('id')} IS NOT DISTINCT FROM %s"
+# A success's one-query finish: its page locked first, then its UPDATE on the condition
+# that the previous success is still the claim's and the listeners owe nothing (no
+# callback of its own; when it changed, none of its page's either), keyed by whether it
+# changed.
 LOCK_PAGE_OF_AUDIT_SQL = (
     f'SELECT 1 FROM {_P} WHERE {_P}."id" = (SELECT {_A}."page_id" FROM {_A} '
     f'WHERE {_A}."id" = %s) FOR UPDATE'
 )
-UNCHANGED_SINCE_SQL = f"{_A}.\"callback_url\" = '' AND {STILL_PREVIOUS_SUCCESS_SQL}"
+_NO_CALLBACK = f"{_A}.\"callback_url\" = ''"
+_NO_PAGE_CALLBACK = (
+    f'(SELECT {_P}."callback_url" FROM {_P} WHERE {_P}."id" = {_A}."page_id") = \'\''
+)
+OWES_NOTHING_SQL = {
+    False: f"{_NO_CALLBACK} AND {STILL_PREVIOUS_SUCCESS_SQL}",
+    True: f"{_NO_CALLBACK} AND {_NO_PAGE_CALLBACK} AND {STILL_PREVIOUS_SUCCESS_SQL}",
+}
+# The page of the audit a finish's statement finished (jobs.lifecycle: `finished`).
+FINISHED_PAGE = (
+    f'IN (SELECT {_A}."page_id" FROM {_A} INNER JOIN finished ON finished.pk = {_A}."id")'
+)
 
 
 class SharedLink(JobRow):

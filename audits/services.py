@@ -21,8 +21,9 @@ from audits.findings import PageInfo, is_crawlable, robots_txt
 from audits.linkcheck import QueuedCheck, start_link_checks
 from audits.models import (
     AUDIT_JOB,
-    PREVIOUS_ID_OF_REAUDIT,
+    NO_PREVIOUS_SUCCESS,
     PREVIOUS_RESULT_OF_REAUDIT,
+    PREVIOUS_SUCCESS_ID,
     Audit,
     PreviousSuccess,
 )
@@ -44,33 +45,38 @@ class ClaimedAudit:
     url: str
     page_id: int
     trigger: str
-    # A nightly re-audit's page's previous succeeded result and its audit's id, read by
-    # the claim when AUDIT_CONDITIONAL_REAUDITS is on (None otherwise, and for a client's
-    # audit).
-    previous_result: dict | None = None
+    # The id of the page's previous succeeded audit (None: it has none), read by every
+    # claim; a nightly re-audit's claim also reads its result when AUDIT_CONDITIONAL_REAUDITS
+    # is on (None otherwise, and for a client's audit).
     previous_id: uuid.UUID | None = None
+    previous_result: dict | None = None
 
     @property
     def previous(self) -> PreviousSuccess | None:
-        """The previous success the claim read, for the finish to compare with."""
-        if self.previous_id is None or not isinstance(self.previous_result, dict):
+        """The previous success the claim read, for the finish to compare with:
+        NO_PREVIOUS_SUCCESS when the page had none, None when the claim did not read its
+        result (the finish reads it)."""
+        if self.previous_id is None:
+            return NO_PREVIOUS_SUCCESS
+        if not isinstance(self.previous_result, dict):
             return None
         return PreviousSuccess(self.previous_id, self.previous_result)
 
 
 # What the attempt needs of its row, read by the claim's own statement.
-CLAIMED = ("page__url", "page_id", "trigger")
+CLAIMED = ("page__url", "page_id", "trigger", PREVIOUS_SUCCESS_ID)
 
 
 def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | None:
     """Begin the audit's attempt (AUDIT_JOB.claim) and return its page, in one statement;
     None if it is finished, gone, or checking its links (a redelivery leaves that be).
 
-    A nightly re-audit's claim also reads what it may revalidate: its page's previous
-    succeeded result (`revalidation`), with conditional re-audits on."""
+    Every claim reads the id of its page's previous success, for the finish to compare
+    with; a nightly re-audit's also reads what it may revalidate: that success's result
+    (`revalidation`), with conditional re-audits on."""
     returning = CLAIMED
     if settings.AUDIT_CONDITIONAL_REAUDITS:
-        returning = (*CLAIMED, PREVIOUS_RESULT_OF_REAUDIT, PREVIOUS_ID_OF_REAUDIT)
+        returning = (*CLAIMED, PREVIOUS_RESULT_OF_REAUDIT)
     try:
         claimed = AUDIT_JOB.claim(audit_id, attempt=attempt, error="", returning=returning)
     except ValidationError:

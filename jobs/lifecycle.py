@@ -103,7 +103,8 @@ class Returned:
 @dataclass(frozen=True)
 class SQL:
     """A piece of SQL over the job's table (by name), with its parameters: a condition a
-    finish also requires, or a statement sent before it (`Job.finish`)."""
+    finish also requires, a statement sent before it, or one that writes alongside it
+    (`Job.finish`)."""
 
     sql: str
     params: tuple = ()
@@ -116,9 +117,10 @@ class _Statement:
     returning_params: tuple  # the RETURNING clause's, after the SET's and the WHERE's
     results_before: int = 0  # result sets of statements sent before it in the same query
 
-    def run(self, connection, params: list):
+    def run(self, connection, params: list, trailing: tuple = ()):
         """The row the statement changed, its returned values converted as the ORM
-        converts them; None when no row changed."""
+        converts them; None when no row changed. `trailing`: the parameters of what
+        follows the RETURNING clause (a finish's `alongside`)."""
         # Prepared, unless it is a query of several statements, which cannot be.
         statement_cursor = (
             connection.cursor() if self.results_before else preparing_cursor(connection)
@@ -127,7 +129,7 @@ class _Statement:
             transaction.mark_for_rollback_on_error(using=connection.alias),
             statement_cursor as cursor,
         ):
-            cursor.execute(self.sql, [*params, *self.returning_params])
+            cursor.execute(self.sql, [*params, *self.returning_params, *trailing])
             for _ in range(self.results_before):
                 cursor.nextset()
             row = cursor.fetchone()
@@ -267,6 +269,7 @@ class Job:
         returning: Sequence[str | Returned] = (),
         condition: SQL | None = None,
         before: SQL | None = None,
+        alongside: SQL | None = None,
         **fields,
     ):
         """Record the outcome once; False if it was finished already (or is gone, or, for a
@@ -277,9 +280,13 @@ class Job:
         `before`: a statement sent with the finish's in one query, and run first (a lock
         whose wait must come before the finish's snapshot): one round trip, and outside a
         transaction one transaction. Only where a query may hold several statements
-        (`several_statements_in_one_query`)."""
+        (`several_statements_in_one_query`).
+
+        `alongside`: a data-modifying statement that runs in the finish's own statement
+        (a CTE), so it writes only when the finish does: it reads the finished row's key
+        as `pk` from `finished`. PostgreSQL only."""
         if not _plain(fields):
-            if condition is not None or before is not None:
+            if condition is not None or before is not None or alongside is not None:
                 raise ValueError("a finish with SQL of its own sets values, not expressions")
             rows = self.unfinished(pk)
             if self.claim_by_task:
@@ -287,12 +294,14 @@ class Job:
             return bool(rows.update(**{self.status_field: final}, next_attempt_at=None, **fields))
         connection = connections[router.db_for_write(self.model)]
         statement = self._statement(
-            connection, "finish", tuple(fields), False, tuple(returning), condition, before
-        )
+            connection, "finish", tuple(fields), False, tuple(returning), condition, before,
+            alongside,
+        )  # fmt: skip
         params = [*(before.params if before is not None else ()), str(final)]
         return self._run(
-            statement, connection, params, fields, pk, self.done, task_id, returning, condition
-        )
+            statement, connection, params, fields, pk, self.done, task_id, returning, condition,
+            alongside,
+        )  # fmt: skip
 
     # --- the claim's and the finish's statements --------------------------------------------
     # Both run on every attempt of every job: written once per shape (the fields set, what
@@ -304,13 +313,13 @@ class Job:
 
     def _run(
         self, statement, connection, params, fields, pk, statuses, task_id, returning,
-        condition=None,
+        condition=None, alongside=None,
     ):  # fmt: skip
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
         fields', the row's key, the statuses it may change from, for a kind whose claim
         names its task the task id, and the condition's (a statement sent before it: its
-        parameters lead `params`). False if no row changed, else the returned values (a
-        tuple) or True."""
+        parameters lead `params`; a statement alongside: its parameters come last). False
+        if no row changed, else the returned values (a tuple) or True."""
         params = [
             *params,
             *(
@@ -324,7 +333,7 @@ class Job:
             params.append(task_id)
         if condition is not None:
             params += condition.params
-        row = statement.run(connection, params)
+        row = statement.run(connection, params, alongside.params if alongside else ())
         if row is None:
             return False
         return row if returning else True
@@ -338,15 +347,19 @@ class Job:
         returning: tuple,
         condition: SQL | None = None,
         before: SQL | None = None,
+        alongside: SQL | None = None,
     ) -> _Statement:
         condition_sql = condition.sql if condition is not None else ""
         before_sql = before.sql if before is not None else ""
-        key = (connection.alias, kind, names, given_attempt, returning, condition_sql, before_sql)
+        alongside_sql = alongside.sql if alongside is not None else ""
+        key = (connection.alias, kind, names, given_attempt, returning, condition_sql,
+               before_sql, alongside_sql)  # fmt: skip
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = self._write(
-                connection, kind, names, given_attempt, returning, condition_sql, before_sql
-            )
+                connection, kind, names, given_attempt, returning, condition_sql, before_sql,
+                alongside_sql,
+            )  # fmt: skip
         return statement
 
     def _write(
@@ -358,6 +371,7 @@ class Job:
         returning: tuple,
         condition_sql: str = "",
         before_sql: str = "",
+        alongside_sql: str = "",
     ) -> _Statement:
         meta = self.model._meta
         qn = connection.ops.quote_name
@@ -410,7 +424,21 @@ class Job:
                     target_field,
                 )
             )
-        sql += " RETURNING " + ", ".join(expression for expression, _ in outputs)
+        returned = ", ".join(expression for expression, _ in outputs)
+        if alongside_sql:
+            if connection.vendor != "postgresql":
+                raise ValueError(f"{connection.vendor} has no data-modifying CTE")
+            # One statement: what runs alongside writes only if the finish changed its row.
+            names = [f"r{n}" for n in range(len(outputs))]
+            pairs = zip(outputs, names, strict=True)
+            aliased = ", ".join(f"{expression} AS {name}" for (expression, _), name in pairs)
+            sql = (
+                f"WITH finished AS ({sql} RETURNING {table}.{qn(meta.pk.column)} AS pk, "
+                f"{aliased}), alongside AS ({alongside_sql}) "
+                f"SELECT {', '.join(names)} FROM finished"
+            )
+        else:
+            sql += " RETURNING " + returned
         converters = [column_converters(Col(meta.db_table, output), connection)
                       for _, output in outputs]  # fmt: skip
         if before_sql:

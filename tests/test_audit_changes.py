@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audits import linkcheck, services, submission
-from audits.models import Audit, Page
+from audits.changes import failing_checks
+from audits.models import NO_PREVIOUS_SUCCESS, Audit, Page
 from jobs.errors import Transient
 from outbound.urls import normalize_url
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
@@ -78,6 +81,52 @@ def test_first_audit_has_null_then_unchanged_is_empty_then_each_change_is_listed
     assert fields(fourth)["broken_links"]["removed"] == [f"{site.base_url}/missing"]
     assert fields(fourth)["missing_security_headers"]["removed"] == ["referrer-policy"]
     assert fourth.got_worse is False
+
+
+@pytest.mark.both_databases
+def test_a_page_s_first_success_writes_its_page_s_failing_checks_in_its_finish_s_one_query(
+    changing_page, redis_client
+):
+    changing_page.state.noindex = True
+    with CaptureQueriesContext(connection) as queries:
+        first = audit_now(changing_page.url)
+    assert first.changes is None and first.got_worse is False
+    assert "is-crawlable" in failing_checks(first.result)
+    assert Page.objects.get().failing_checks == sorted(failing_checks(first.result))
+    if connection.vendor == "postgresql":
+        # The claim read that the page had no success: nothing reads it again, and the
+        # finish is one query, the page's lock first and its update alongside.
+        sql = [q["sql"] for q in queries]
+        assert not [q for q in sql if q.startswith('SELECT "audits_audit"."result"')]
+        (finish,) = [q for q in sql if 'UPDATE "audits_page"' in q]
+        assert finish.startswith('SELECT 1 FROM "audits_page"')
+        assert 'FOR UPDATE; WITH finished AS (UPDATE "audits_audit"' in finish
+
+
+@pytest.mark.both_databases
+def test_a_success_finished_since_a_first_audit_s_claim_is_the_one_it_compares_with(
+    changing_page, redis_client
+):
+    page = submission.get_or_create_page(normalize_url(changing_page.url))
+    audit = Audit.objects.create(page=page, task_id="a")
+    claimed = services.claim_audit(str(audit.id))
+    assert claimed.previous == NO_PREVIOUS_SUCCESS
+
+    # While it runs, another audit of the page, retitled, succeeds: the page's first.
+    changing_page.state.title = "Between"
+    between = audit_now(changing_page.url)
+    assert between.changes is None
+
+    assert Audit.objects.finish(
+        str(audit.id),
+        status=Audit.Status.SUCCEEDED,
+        result={**between.result, "title": "Home"},
+        previous=claimed.previous,
+    )
+    audit.refresh_from_db()
+    # Compared with the success that finished since its claim, not as the page's first.
+    assert audit.changes == [{"field": "title", "before": "Between", "after": "Home"}]
+    assert Page.objects.get().last_changed_at == audit.finished_at
 
 
 def test_a_2xx_that_becomes_an_error_is_worse_and_failed_audits_are_skipped(

@@ -10,9 +10,11 @@ finished audit whose callback was never delivered, and nothing in PostgreSQL owe
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
-from audits.models import Audit, Page
+from audits import pages
+from audits.models import NO_PREVIOUS_SUCCESS, Audit, Page, PreviousSuccess
+from webhooks import deliver
 from webhooks.models import Delivery
 
 CALLBACK = "https://receiver.example/hook"
@@ -48,3 +50,31 @@ def test_a_finish_that_rolls_back_owes_nothing(db):
         raise RuntimeError("the finish's transaction fails")
     assert Audit.objects.get(id=audit.id).status == Audit.Status.RUNNING
     assert not Delivery.objects.filter(audit=audit).exists()
+
+
+@pytest.mark.parametrize("event", ["audit.finished", "audit.changed"])
+def test_a_finish_whose_delivery_cannot_be_written_is_not_finished(db, monkeypatch, event):
+    # A finish compared with what its claim read is one query when the listeners owe
+    # nothing; one that owes a delivery (its own callback, or a change and a page
+    # callback) writes it in its transaction, so a failed write leaves it to run again.
+    page = Page.objects.create(url="https://example.org/owed", domain="example.org")
+    if event == "audit.finished":
+        audit = running_audit_with_callback()
+        previous, result = NO_PREVIOUS_SUCCESS, {}
+    else:
+        pages.update(page, callback_url=CALLBACK, callback_secret="whsec_" + "A" * 32)
+        before = Audit.objects.create(page=page, status=Audit.Status.SUCCEEDED,
+                                      result={"title": "One"})  # fmt: skip
+        audit = Audit.objects.create(page=page, status=Audit.Status.RUNNING)
+        previous, result = PreviousSuccess(before.id, before.result), {"title": "Two"}
+
+    def cannot_write(audit_id):
+        raise DatabaseError("the delivery's insert fails")
+
+    monkeypatch.setattr(deliver, "create_delivery", cannot_write)
+    monkeypatch.setattr(deliver, "create_change_delivery", cannot_write)
+    with pytest.raises(DatabaseError):
+        Audit.objects.finish(
+            audit.id, status=Audit.Status.SUCCEEDED, result=result, previous=previous
+        )
+    assert Audit.objects.get(id=audit.id).status == Audit.Status.RUNNING
