@@ -12,9 +12,9 @@ from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
 from jobs.deadlines import Deadline
-from jobs.lifecycle import SQL, Job, Returned, several_statements_in_one_query
+from jobs.lifecycle import SQL, Job, Returned
 from jobs.models import JobRow
-from jobs.sql import fetch_one, preparing_cursor
+from jobs.sql import fetch_one, pipelines, preparing_cursor
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class AuditQuerySet(models.QuerySet):
         if (
             previous is not None
             and status == Audit.Status.SUCCEEDED
-            and several_statements_in_one_query(connection)
+            and pipelines(connection)
             and self._finish_in_one_query(audit_id, fields, previous, connection)
         ):
             return True

@@ -40,7 +40,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs.deadlines import Deadline
-from jobs.sql import column_converters, converted, preparing_cursor
+from jobs.sql import column_converters, converted, pipelines, preparing_cursor
 
 # Rows a source publishes again in one tick by the age rule (each then carries its new
 # `published_at`, so the next tick goes on from there). After Redis lost data a tick
@@ -115,34 +115,32 @@ class _Statement:
     sql: str
     converters: tuple  # (column, its converters) for each returned value
     returning_params: tuple  # the RETURNING clause's, after the SET's and the WHERE's
-    results_before: int = 0  # result sets of statements sent before it in the same query
+    before: str = ""  # a statement sent ahead of it in the same round trip (`pipelines`)
 
-    def run(self, connection, params: list, trailing: tuple = ()):
+    def run(self, connection, params: list, trailing: tuple = (), leading: tuple = ()):
         """The row the statement changed, its returned values converted as the ORM
         converts them; None when no row changed. `trailing`: the parameters of what
-        follows the RETURNING clause (a finish's `alongside`)."""
-        # Prepared, unless it is a query of several statements, which cannot be.
-        statement_cursor = (
-            connection.cursor() if self.results_before else preparing_cursor(connection)
-        )
+        follows the RETURNING clause (a finish's `alongside`); `leading`: those of the
+        statement sent before it."""
+        values = [*params, *self.returning_params, *trailing]
         with (
             transaction.mark_for_rollback_on_error(using=connection.alias),
-            statement_cursor as cursor,
+            preparing_cursor(connection) as cursor,
         ):
-            cursor.execute(self.sql, [*params, *self.returning_params, *trailing])
-            for _ in range(self.results_before):
-                cursor.nextset()
+            if self.before:
+                with (
+                    preparing_cursor(connection) as first,
+                    connection.wrap_database_errors,
+                    connection.connection.pipeline(),
+                ):
+                    first.execute(self.before, leading)
+                    cursor.execute(self.sql, values)
+            else:
+                cursor.execute(self.sql, values)
             row = cursor.fetchone()
         if row is None:
             return None
         return converted(row, self.converters, connection)
-
-
-def several_statements_in_one_query(connection) -> bool:
-    """PostgreSQL with client-side binding (psycopg's ClientCursor, Django's default) runs
-    a query of several statements, each with its own snapshot, all in one transaction
-    outside a transaction block; SQLite's cursors and server-side binding run one."""
-    return connection.vendor == "postgresql" and not connection.features.uses_server_side_binding
 
 
 def _plain(fields: dict) -> bool:
@@ -277,10 +275,9 @@ class Job:
         not hold). `returning`, as for `claim`: the finished row's values (a tuple) instead
         of True.
 
-        `before`: a statement sent with the finish's in one query, and run first (a lock
-        whose wait must come before the finish's snapshot): one round trip, and outside a
-        transaction one transaction. Only where a query may hold several statements
-        (`several_statements_in_one_query`).
+        `before`: a statement sent with the finish's in one round trip, and run first (a
+        lock whose wait must come before the finish's snapshot), in one transaction with
+        it. Only where a connection pipelines (`pipelines`).
 
         `alongside`: a data-modifying statement that runs in the finish's own statement
         (a CTE), so it writes only when the finish does: it reads the finished row's key
@@ -297,10 +294,9 @@ class Job:
             connection, "finish", tuple(fields), False, tuple(returning), condition, before,
             alongside,
         )  # fmt: skip
-        params = [*(before.params if before is not None else ()), str(final)]
         return self._run(
-            statement, connection, params, fields, pk, self.done, task_id, returning, condition,
-            alongside,
+            statement, connection, [str(final)], fields, pk, self.done, task_id, returning,
+            condition, alongside, before,
         )  # fmt: skip
 
     # --- the claim's and the finish's statements --------------------------------------------
@@ -313,13 +309,13 @@ class Job:
 
     def _run(
         self, statement, connection, params, fields, pk, statuses, task_id, returning,
-        condition=None, alongside=None,
+        condition=None, alongside=None, before=None,
     ):  # fmt: skip
         """Run a claim's or a finish's statement: `params` (what it sets first), then the
         fields', the row's key, the statuses it may change from, for a kind whose claim
-        names its task the task id, and the condition's (a statement sent before it: its
-        parameters lead `params`; a statement alongside: its parameters come last). False
-        if no row changed, else the returned values (a tuple) or True."""
+        names its task the task id, and the condition's (a statement alongside: its
+        parameters come last; one sent before it: its own). False if no row changed, else
+        the returned values (a tuple) or True."""
         params = [
             *params,
             *(
@@ -333,7 +329,12 @@ class Job:
             params.append(task_id)
         if condition is not None:
             params += condition.params
-        row = statement.run(connection, params, alongside.params if alongside else ())
+        row = statement.run(
+            connection,
+            params,
+            trailing=alongside.params if alongside is not None else (),
+            leading=before.params if before is not None else (),
+        )
         if row is None:
             return False
         return row if returning else True
@@ -442,9 +443,9 @@ class Job:
         converters = [column_converters(Col(meta.db_table, output), connection)
                       for _, output in outputs]  # fmt: skip
         if before_sql:
-            if not several_statements_in_one_query(connection):
-                raise ValueError(f"{connection.vendor} runs one statement per query")
-            return _Statement(f"{before_sql}; {sql}", tuple(converters), tuple(returning_params), 1)
+            if not pipelines(connection):
+                raise ValueError(f"{connection.vendor} sends one statement a round trip")
+            return _Statement(sql, tuple(converters), tuple(returning_params), before_sql)
         return _Statement(sql, tuple(converters), tuple(returning_params))
 
     def requeue(self, pk, /, *, task_id: str, from_status: str, **fields) -> bool:

@@ -48,6 +48,15 @@ def preparing_cursor(connection) -> Iterator:
         yield cursor
 
 
+def pipelines(connection) -> bool:
+    """Whether `connection` sends a statement and one before it in one round trip:
+    PostgreSQL's pipeline mode (libpq 14 or later). Both are prepared, run in one
+    transaction (it ends at the pipeline's Sync: outside a transaction block, they commit
+    together), each with its own snapshot, so the second reads what committed while the
+    first waited for a lock. SQLite runs one statement at a time."""
+    return connection.vendor == "postgresql" and psycopg.Pipeline.is_supported()
+
+
 def fetch_one(connection, sql: str, params: Sequence) -> tuple | None:
     """The first row `sql` answers with `params` (None if none), run through
     `preparing_cursor`."""

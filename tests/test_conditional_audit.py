@@ -7,7 +7,7 @@ import json
 import threading
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from audits import services
@@ -221,11 +221,12 @@ def test_a_reaudit_compares_with_the_previous_success_its_claim_read_without_rea
     ]
     assert previous_reads == []
     if connection.vendor == "postgresql":
-        # Unchanged and owing no callback: its finish is one query, the page's lock first.
-        finishes = [q["sql"] for q in queries if "FOR UPDATE" in q["sql"]]
-        assert len(finishes) == 1, finishes
-        assert finishes[0].startswith('SELECT 1 FROM "audits_page"')
-        assert 'FOR UPDATE; UPDATE "audits_audit"' in finishes[0]
+        # Unchanged and owing no callback: its finish is the page's lock and the UPDATE,
+        # sent together (jobs.sql.pipelines), and no transaction block of its own.
+        sql = [q["sql"] for q in queries]
+        (lock,) = [n for n, q in enumerate(sql) if "FOR UPDATE" in q]
+        assert sql[lock].startswith('SELECT 1 FROM "audits_page"')
+        assert sql[lock + 1].startswith('UPDATE "audits_audit"')
     assert again.result["title"] == first.result["title"]
 
 
@@ -328,3 +329,50 @@ def test_an_unchanged_reaudit_that_waited_for_its_page_compares_with_what_finish
     assert finished == [True]
     reaudit.refresh_from_db()
     assert reaudit.changes == [{"field": "title", "before": "Two", "after": "One"}]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's lock waits")
+def test_a_one_round_trip_finish_holds_its_page_until_its_update_commits(page, redis_client):
+    # The page's lock and the UPDATE are sent together (jobs.sql.pipelines) and run in one
+    # transaction: while the UPDATE waits, another finish of the page cannot lock it and
+    # compare with what this one has not yet written.
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
+    claimed = services.claim_audit(str(reaudit.id))
+    finished = []
+
+    def finish_reaudit():
+        try:
+            finished.append(
+                Audit.objects.finish(
+                    str(reaudit.id),
+                    status=Audit.Status.SUCCEEDED,
+                    result=claimed.previous.result,
+                    previous=claimed.previous,
+                )
+            )
+        finally:
+            connection.close()
+
+    holder = connections.create_connection(DEFAULT_DB_ALIAS)  # holds the audit's row
+    other = connections.create_connection(DEFAULT_DB_ALIAS)  # another finish of the page
+    thread = threading.Thread(target=finish_reaudit)
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT 1 FROM audits_audit WHERE id = %s FOR UPDATE", [reaudit.id])
+            thread.start()
+            wait_for(lambda: finishes_waiting_on_a_lock() == 1, timeout=30, message="the finish")
+            with other.cursor() as probe, pytest.raises(OperationalError, match="lock"):
+                probe.execute(
+                    "SELECT 1 FROM audits_page WHERE id = %s FOR UPDATE NOWAIT", [first.page_id]
+                )
+            cursor.execute("COMMIT")
+        thread.join(timeout=30)
+    finally:
+        holder.close()
+        other.close()
+    assert finished == [True]
+    reaudit.refresh_from_db()
+    assert reaudit.status == Audit.Status.SUCCEEDED and reaudit.changes == []
