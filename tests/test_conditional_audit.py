@@ -281,24 +281,13 @@ def finishes_waiting_on_a_lock() -> int:
         return cursor.fetchone()[0]
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's lock waits")
-def test_an_unchanged_reaudit_that_waited_for_its_page_compares_with_what_finished_meanwhile(
-    page, redis_client
-):
-    # The one-query finish locks the page, then writes on the condition that the claim's
-    # previous success is still the latest: the condition must read after the lock is
-    # granted, so a success committed while the finish waited is the one compared with.
-    page.state.title = "One"
-    first = audit_now(page.url)
-    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
-    claimed = services.claim_audit(str(reaudit.id))
-    between = Audit.objects.create(page=first.page, task_id="b", status=Audit.Status.RUNNING)
-    finished = []
+def finishing_unchanged(reaudit: Audit, claimed, *, into: list) -> threading.Thread:
+    """A thread (not started) that finishes the re-audit unchanged since what its claim
+    read, on a connection of its own, appending what the finish returned to `into`."""
 
-    def finish_reaudit():
+    def finish() -> None:
         try:
-            finished.append(
+            into.append(
                 Audit.objects.finish(
                     str(reaudit.id),
                     status=Audit.Status.SUCCEEDED,
@@ -309,8 +298,25 @@ def test_an_unchanged_reaudit_that_waited_for_its_page_compares_with_what_finish
         finally:
             connection.close()
 
+    return threading.Thread(target=finish)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's lock waits")
+def test_an_unchanged_reaudit_that_waited_for_its_page_compares_with_what_finished_meanwhile(
+    page, redis_client
+):
+    # The one-round-trip finish locks the page, then writes on the condition that the claim's
+    # previous success is still the latest: the condition must read after the lock is
+    # granted, so a success committed while the finish waited is the one compared with.
+    page.state.title = "One"
+    first = audit_now(page.url)
+    reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
+    claimed = services.claim_audit(str(reaudit.id))
+    between = Audit.objects.create(page=first.page, task_id="b", status=Audit.Status.RUNNING)
+    finished = []
     locker = connections.create_connection(DEFAULT_DB_ALIAS)
-    thread = threading.Thread(target=finish_reaudit)
+    thread = finishing_unchanged(reaudit, claimed, into=finished)
     try:
         with locker.cursor() as cursor:
             cursor.execute("BEGIN")
@@ -341,23 +347,9 @@ def test_a_one_round_trip_finish_holds_its_page_until_its_update_commits(page, r
     reaudit = Audit.objects.create(page=first.page, task_id="r", trigger=REAUDIT)
     claimed = services.claim_audit(str(reaudit.id))
     finished = []
-
-    def finish_reaudit():
-        try:
-            finished.append(
-                Audit.objects.finish(
-                    str(reaudit.id),
-                    status=Audit.Status.SUCCEEDED,
-                    result=claimed.previous.result,
-                    previous=claimed.previous,
-                )
-            )
-        finally:
-            connection.close()
-
     holder = connections.create_connection(DEFAULT_DB_ALIAS)  # holds the audit's row
     other = connections.create_connection(DEFAULT_DB_ALIAS)  # another finish of the page
-    thread = threading.Thread(target=finish_reaudit)
+    thread = finishing_unchanged(reaudit, claimed, into=finished)
     try:
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
