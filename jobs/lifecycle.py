@@ -128,6 +128,9 @@ class _Statement:
             preparing_cursor(connection) as cursor,
         ):
             if self.before:
+                # One round trip and one transaction (until the pipeline's Sync), each
+                # statement prepared and with its own snapshot. A pipeline reports errors
+                # at its Sync, outside Django's cursor: wrapped as Django wraps them.
                 with (
                     preparing_cursor(connection) as first,
                     connection.wrap_database_errors,
