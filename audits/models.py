@@ -144,7 +144,7 @@ class AuditQuerySet(models.QuerySet):
         which saves the read; when another success finished since the claim, the finish
         reads that one and compares with it instead. A success that owes its listeners
         nothing to write (no callback of its own, and no change or no page callback) is
-        finished by one query, its page's update included (`_finish_in_one_query`).
+        finished in one round trip, its page's update included (`_finish_in_one_round_trip`).
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
@@ -153,7 +153,7 @@ class AuditQuerySet(models.QuerySet):
             previous is not None
             and status == Audit.Status.SUCCEEDED
             and pipelines(connection)
-            and self._finish_in_one_query(audit_id, fields, previous, connection)
+            and self._finish_in_one_round_trip(audit_id, fields, previous, connection)
         ):
             return True
         with transaction.atomic(using=self.db):
@@ -203,15 +203,15 @@ class AuditQuerySet(models.QuerySet):
             _log_finished(audit_id, status, fields)
         return bool(updated)
 
-    def _finish_in_one_query(
+    def _finish_in_one_round_trip(
         self, audit_id, fields: dict, previous: PreviousSuccess, connection
     ) -> bool:
-        """Finish a success compared with `previous` in one query: the page's lock, then
+        """Finish a success compared with `previous` in one round trip: the page's lock, then
         the UPDATE, with the page's own update alongside it in the same statement, on the
         condition that `previous` is still the page's latest success (read after the
         lock, by the UPDATE's own snapshot) and that the listeners owe nothing: the audit
         has no callback, and either nothing changed or the page has no callback. The
-        transaction is the query's own. False, having changed nothing, when any of that
+        transaction is the pipeline's own. False, having changed nothing, when any of that
         does not hold (the caller then finishes it in a transaction, as any other)."""
         compared = dict(fields)
         page_fields = self._compared(compared, previous.result, fields["result"])
@@ -500,7 +500,7 @@ PREVIOUS_RESULT_OF_REAUDIT = Returned(
 # A finish's condition: the previous success is still the one its claim read (none
 # still none).
 STILL_PREVIOUS_SUCCESS_SQL = f"{_previous_success_of_row('id')} IS NOT DISTINCT FROM %s"
-# A success's one-query finish: its page locked first, then its UPDATE on the condition
+# A success's one-round-trip finish: its page locked first, then its UPDATE on the condition
 # that the previous success is still the claim's and the listeners owe nothing (no
 # callback of its own; when it changed, none of its page's either), keyed by whether it
 # changed.

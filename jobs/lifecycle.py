@@ -428,7 +428,6 @@ class Job:
                     target_field,
                 )
             )
-        returned = ", ".join(expression for expression, _ in outputs)
         if alongside_sql:
             if connection.vendor != "postgresql":
                 raise ValueError(f"{connection.vendor} has no data-modifying CTE")
@@ -442,7 +441,7 @@ class Job:
                 f"SELECT {', '.join(names)} FROM finished"
             )
         else:
-            sql += " RETURNING " + returned
+            sql += " RETURNING " + ", ".join(expression for expression, _ in outputs)
         converters = [column_converters(Col(meta.db_table, output), connection)
                       for _, output in outputs]  # fmt: skip
         if before_sql:

@@ -54,7 +54,7 @@ def test_a_finish_that_rolls_back_owes_nothing(db):
 
 @pytest.mark.parametrize("event", ["audit.finished", "audit.changed"])
 def test_a_finish_whose_delivery_cannot_be_written_is_not_finished(db, monkeypatch, event):
-    # A finish compared with what its claim read is one query when the listeners owe
+    # A finish compared with what its claim read is one round trip when the listeners owe
     # nothing; one that owes a delivery (its own callback, or a change and a page
     # callback) writes it in its transaction, so a failed write leaves it to run again.
     page = Page.objects.create(url="https://example.org/owed", domain="example.org")
