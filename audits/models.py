@@ -126,6 +126,7 @@ class AuditQuerySet(models.QuerySet):
         result: dict | None = None,
         error: str = "",
         previous: PreviousSuccess | None = None,
+        owes_callback: bool = False,
     ) -> bool:
         """Record the outcome once: a second finisher (a duplicate delivery) changes nothing.
 
@@ -145,6 +146,9 @@ class AuditQuerySet(models.QuerySet):
         reads that one and compares with it instead. A success that owes its listeners
         nothing to write (no callback of its own, and no change or no page callback) is
         finished in one round trip, its page's update included (`_finish_in_one_round_trip`).
+        `owes_callback`: the caller knows the audit has a callback URL (its claim read it),
+        so a success owes a delivery and goes straight to its transaction, without trying
+        the round trip whose condition would refuse it.
         """
         finished_at = timezone.now()
         fields = {"result": result, "error": error, "finished_at": finished_at}
@@ -152,6 +156,7 @@ class AuditQuerySet(models.QuerySet):
         if (
             previous is not None
             and status == Audit.Status.SUCCEEDED
+            and not owes_callback
             and pipelines(connection)
             and self._finish_in_one_round_trip(audit_id, fields, previous, connection)
         ):

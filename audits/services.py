@@ -45,6 +45,9 @@ class ClaimedAudit:
     url: str
     page_id: int
     trigger: str
+    # Set at submission and never changed: a success of an audit with one owes a delivery,
+    # so its finish goes straight to a transaction (Audit.objects.finish).
+    callback_url: str
     # The id of the page's previous succeeded audit (None: it has none), read by every
     # claim; a nightly re-audit's claim also reads its result when AUDIT_CONDITIONAL_REAUDITS
     # is on (None otherwise, and for a client's audit).
@@ -64,7 +67,7 @@ class ClaimedAudit:
 
 
 # What the attempt needs of its row, read by the claim's own statement.
-CLAIMED = ("page__url", "page_id", "trigger", PREVIOUS_SUCCESS_ID)
+CLAIMED = ("page__url", "page_id", "trigger", "callback_url", PREVIOUS_SUCCESS_ID)
 
 
 def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | None:
@@ -209,7 +212,11 @@ def execute_audit(
     started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(
-            audit_id, status=Audit.Status.SUCCEEDED, result=result, previous=claimed.previous
+            audit_id,
+            status=Audit.Status.SUCCEEDED,
+            result=result,
+            previous=claimed.previous,
+            owes_callback=bool(claimed.callback_url),
         )
     return queued
 

@@ -13,6 +13,7 @@ from audits.models import NO_PREVIOUS_SUCCESS, Audit, Page
 from jobs.errors import Transient
 from outbound.urls import normalize_url
 from tests.changing_page import SECURITY_HEADERS, ChangingPage
+from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db
 
@@ -22,10 +23,11 @@ def changing_page(http_server):
     return http_server(ChangingPage())
 
 
-def audit_now(url: str, *, trigger: str = Audit.Trigger.SUBMITTED) -> Audit:
+def audit_now(url: str, *, trigger: str = Audit.Trigger.SUBMITTED, callback_url: str = "") -> Audit:
     """Run an audit of `url` to the end here: the page fetch, then each link check."""
     page = submission.get_or_create_page(normalize_url(url))
-    audit = Audit.objects.create(page=page, task_id="t", trigger=trigger)
+    audit = Audit.objects.create(page=page, task_id="t", trigger=trigger,
+                                 callback_url=callback_url, callback_secret="")  # fmt: skip
     for queued in services.execute_audit(str(audit.id)):
         audit.refresh_from_db()
         assert audit.status == Audit.Status.CHECKING_LINKS
@@ -103,6 +105,20 @@ def test_a_page_s_first_success_writes_its_page_s_failing_checks_in_its_finish_s
         assert sql[finish].startswith('WITH finished AS (UPDATE "audits_audit"')
         assert sql[finish - 1].startswith('SELECT 1 FROM "audits_page"')
         assert sql[finish - 1].endswith("FOR UPDATE")
+
+
+@pytest.mark.both_databases
+def test_a_success_owing_its_callback_is_finished_in_its_transaction_at_once(
+    changing_page, redis_client
+):
+    with CaptureQueriesContext(connection) as queries:
+        audit = audit_now(changing_page.url, callback_url="https://receiver.example/hook")
+    assert Delivery.objects.get(audit=audit).event == "audit.finished"
+    # Its claim read the callback URL: the finish does not first send the page's lock and
+    # the one-round-trip UPDATE (whose condition, no callback, would refuse it).
+    sql = [q["sql"] for q in queries]
+    assert not [q for q in sql if q.startswith('SELECT 1 FROM "audits_page"')]
+    assert not [q for q in sql if q.startswith('WITH finished AS (UPDATE "audits_audit"')]
 
 
 @pytest.mark.both_databases
