@@ -30,7 +30,6 @@ re-audit placements, held by the `reaudit` workers, are not the audits' backlog.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import redis
@@ -40,8 +39,6 @@ from config.celery_app import queue_list_keys, unacked_key_for_queue
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.delayed import delayed_key, leased_key
 from jobs.policy import wait_horizon
-
-log = logging.getLogger(__name__)
 
 # KEYS from `backlog_keys` (from KEYS[first_key] on): unacked hash, running zset,
 # delayed zset, leased zset, then the queue's lists. `horizon`: seconds from now within
@@ -75,21 +72,14 @@ return {waiting, retrying, running, later}
 )
 
 # `note_running`: an attempt's entry in its queue's running registry (running_key), lapsing
-# `lease` seconds after `now`. Its own script below, and a step of an attempt's start
-# (jobs.task).
+# `lease` seconds after `now` (the task's deadline lease, jobs.deadlines, so a worker that
+# died running it leaves nothing behind): a step of an attempt's start (jobs.task), in its
+# round trip.
 RUNNING_LUA = """
 local function note_running(key, now, run_id, lease)
   redis.call('ZADD', key, now + lease, run_id)
 end
 """
-
-_STARTED = lua(
-    REDIS_NOW_LUA
-    + RUNNING_LUA
-    + """
-note_running(KEYS[1], redis_now(), ARGV[1], tonumber(ARGV[2]))
-"""
-)
 
 
 @dataclass(frozen=True)
@@ -143,30 +133,7 @@ def backlog_snapshot(queue: str, client: redis.Redis | None = None) -> BacklogSn
     )
 
 
-def attempt_started(queue: str, run_id: str, *, lease_seconds: float) -> None:
-    """An attempt runs: its held message is not owed a slot while it does. Its entry
-    lapses after `lease_seconds` (the task's deadline lease, jobs.deadlines), so a worker
-    that died running it leaves nothing behind. A worker notes it in its attempt's start
-    (jobs.task, RUNNING_LUA), in the same round trip as the rest of that start.
-    """
-    _best_effort(
-        queue,
-        lambda: _STARTED(
-            keys=[running_key(queue)], args=[run_id, lease_seconds], client=redis_client()
-        ),
-    )
-
-
-def attempt_stopped(queue: str, run_id: str, *, pipe: Pipeline | None = None) -> None:
-    if pipe is not None:
-        pipe.zrem(running_key(queue), run_id)
-    else:
-        _best_effort(queue, lambda: redis_client().zrem(running_key(queue), run_id))
-
-
-def _best_effort(queue: str, write) -> None:
-    try:
-        write()
-    except redis.RedisError as exc:
-        # The attempt runs even when its bookkeeping cannot be written.
-        log.warning("backlog.note_failed", extra={"queue": queue, "error": repr(exc)})
+def attempt_stopped(queue: str, run_id: str, *, pipe: Pipeline) -> None:
+    """The attempt `run_id` ended: its entry leaves the running registry, in the end's
+    pipeline (jobs.task). Best effort, as that pipeline is: the entry lapses with its lease."""
+    pipe.zrem(running_key(queue), run_id)

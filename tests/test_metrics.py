@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import subprocess
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -136,7 +137,7 @@ def test_recordings_from_several_processes_add_up_in_one_scrape(redis_client):
 def test_gauges_are_read_when_scraped(redis_client):
     # Two held messages (retries in backoff, as a worker keeps them) and one running attempt.
     redis_client.hset("unacked:audits", mapping={"t1": "m", "t2": "m", "t3": "m"})
-    backlog.attempt_started("audits", "a-running", lease_seconds=60)
+    redis_client.zadd(backlog.running_key("audits"), {"a-running": time.time() + 60})
     # kombu keeps one list per priority step: all of them are waiting work.
     plain, *by_priority = queue_list_keys("audits")
     redis_client.rpush(plain, "m1", "m2")
