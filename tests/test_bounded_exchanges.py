@@ -239,3 +239,35 @@ def test_a_lookup_the_resolver_never_answers_ends_at_the_deadline(silent_resolve
         assert result["seconds"] < ENDS_WITHIN, result
     # The lookups did reach the silent resolver: it, not a fast refusal, was what they met.
     assert silent_resolver.queries >= len(results)
+
+
+# Run in a process whose resolver is the silent one: a name only DNS could answer, left
+# hanging at its deadline, then `localhost` (from /etc/hosts), at once.
+_LOOKUP_BESIDE_A_HUNG_ONE = """
+import json, sys, time
+import httpcore
+from outbound.guard import resolve
+
+try:
+    resolve(sys.argv[1], 80, 0.5)
+    hung = "answered"
+except httpcore.ConnectTimeout:
+    hung = "timed out"
+started = time.monotonic()
+addresses = resolve("localhost", 80, 5.0)
+print(json.dumps({"hung": hung, "addresses": addresses, "seconds": time.monotonic() - started}))
+"""
+
+
+def test_a_lookup_the_resolver_never_answers_holds_up_no_other_lookup(silent_resolver):
+    # The hung lookup keeps its thread for the resolver's 30 s; the next lookup takes
+    # another, so a name the machine can answer is answered at once.
+    done = silent_resolver.run(
+        [sys.executable, "-c", _LOOKUP_BESIDE_A_HUNG_ONE, "unanswered.plumb-test.example"],
+        env=dict(os.environ), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["hung"] == "timed out"
+    assert result["addresses"] == ["127.0.0.1"]
+    assert result["seconds"] < 1.0, result
