@@ -54,10 +54,6 @@ class Deadline:
         """An attempt begun this long ago is over: ended by its hard limit, or its worker died."""
         return self.lease
 
-    def time_limits(self) -> dict[str, float]:
-        """Celery's options for the task, derived: `@shared_task(**deadline.time_limits())`."""
-        return {"soft_time_limit": self.soft, "time_limit": self.hard}
-
 
 def deadline_problems(tasks: Iterable, visibility_timeouts: Mapping[str, float]) -> list[str]:
     """What is wrong with each task's deadline budget against its queue's visibility timeout:

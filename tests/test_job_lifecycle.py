@@ -38,7 +38,6 @@ def test_a_deadline_derives_every_bound_from_the_work():
     deadline = Deadline(work=10)
     assert (deadline.soft, deadline.hard, deadline.lease) == (40, 70, 100)
     assert deadline.dead_after == deadline.lease
-    assert deadline.time_limits() == {"soft_time_limit": 40, "time_limit": 70}
 
 
 def test_each_task_takes_its_limits_from_its_job_s_deadline():
