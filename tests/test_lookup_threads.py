@@ -19,8 +19,9 @@ def test_a_lookup_s_thread_serves_the_next_lookup():
 
 
 def test_an_idle_thread_ends():
-    threads = LookupThreads(idle_seconds=0.2)
+    threads = LookupThreads(idle_seconds=0.5)
     threads.lookup("localhost", 80).result(5)
+    wait_for(lambda: threads.idle() == 1, timeout=5, message="the thread to be idle")
     wait_for(lambda: threads.idle() == 0, timeout=5, message="the idle thread to end")
     # And the next lookup starts a thread again.
     assert threads.lookup("localhost", 80).result(5)
