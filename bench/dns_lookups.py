@@ -2,7 +2,7 @@
 """What a page fetch pays for looking its host's name up (issue 33.4: "DNS lookups without
 a thread per call"), as ratios within one run.
 
-    REDIS_URL=redis://127.0.0.1:6379/11 .venv/bin/python bench/dns_lookups.py --flush
+    .venv/bin/python bench/dns_lookups.py
 
 1. The lookup alone, of `localhost` (from /etc/hosts, as getaddrinfo reads it: no network
    here), in alternated rounds: `outbound.guard.resolve` (its LookupThreads, as every
@@ -17,8 +17,10 @@ a thread per call"), as ratios within one run.
    (http://127.0.0.1:PORT/), which looks nothing up. The difference from the last is what
    the lookup costs a fetch.
 
-It empties REDIS_URL's database (the outbound client's host slots and rate-limit reads live
-there) and makes a database of its own next to DATABASE_URL's, dropped at the end.
+The outbound client's host slots and rate-limit reads live in Redis: REDIS_URL's database,
+which it empties (it refuses one that holds keys unless given --flush), or, with REDIS_URL
+unset, a redis-server of its own on a free port. It makes a database of its own next to
+DATABASE_URL's (a SQLite file without one), dropped at the end.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.services import start_redis  # noqa: E402
+
+redis_process, os.environ["REDIS_URL"] = start_redis()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # As production runs (DEBUG off, so no query log), with a key of the run's own.
 os.environ.setdefault("DEBUG", "false")
@@ -191,9 +197,13 @@ def main() -> None:
     parser.add_argument("--flush", action="store_true",
                         help="empty REDIS_URL's database even if it holds keys")  # fmt: skip
     args = parser.parse_args()
-    with own_stores("dns_bench", flush=args.flush, flag="--flush"):
-        lookups(args)
-        fetches(args)
+    try:
+        with own_stores("dns_bench", flush=args.flush, flag="--flush"):
+            lookups(args)
+            fetches(args)
+    finally:
+        if redis_process is not None:
+            redis_process.terminate()
 
 
 if __name__ == "__main__":
