@@ -493,14 +493,22 @@ def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
     ]
 
 
-def submissions(args, site: str, logs: Path, redis_url: str) -> dict:
-    """POST /api/audits alone (and from --baseline's checkout), then the minimal reference
-    view on the same gunicorn line."""
-    measured = {"plumb": plumb_submissions(args, site, logs, redis_url)}
-    if args.baseline:
-        measured["baseline"] = plumb_submissions(
-            args, site, logs, redis_url, checkout=args.baseline.resolve()
-        )
+def first_then_second(round_index: int, baseline: Path | None) -> list[str]:
+    """The order this checkout's stack ("plumb") and --baseline's run in a round: they take
+    turns going first, since the first of a pair ran dearer in three rounds of four
+    (BENCHMARKS.md, "Latest run on SQLite")."""
+    if baseline is None:
+        return ["plumb"]
+    return ["plumb", "baseline"] if round_index % 2 == 0 else ["baseline", "plumb"]
+
+
+def submissions(args, site: str, logs: Path, redis_url: str, round_index: int = 0) -> dict:
+    """POST /api/audits alone (and from --baseline's checkout, the two taking turns going
+    first), then the minimal reference view on the same gunicorn line."""
+    measured = {}
+    for stack in first_then_second(round_index, args.baseline):
+        checkout = ROOT if stack == "plumb" else args.baseline.resolve()
+        measured[stack] = plumb_submissions(args, site, logs, redis_url, checkout=checkout)
     view = ReferenceView(args, redis_url, logs, queue="reference")
     try:
         submit(view.api, spread(site, "warm", 50))
@@ -668,7 +676,8 @@ def main() -> int:
     parser.add_argument(
         "--baseline", type=Path, metavar="CHECKOUT",
         help="also run Plumb's end to end from this checkout (another commit's worktree, run "
-        "with this virtualenv) right after this one's, in each round of `fast` and `slow`, "
+        "with this virtualenv) beside this one's, in each round of `fast` and `slow`, the two "
+        "taking turns going first, "
         "and report both CPU costs per audit and their ratio; in `submit`, its web too, "
         "reporting both rates and both web CPU costs per submission",
     )  # fmt: skip
@@ -699,25 +708,24 @@ def main() -> int:
                     }
                 else:
                     measured = {"reference": bare_loop(site, args.count)}
-                # Only the first round is profiled: the profiler slows what it watches.
-                measured["plumb"] = plumb_end_to_end(
-                    args, site, logs, redis_url, tag=phase, profiled=bool(args.profile) and n == 0
-                )
-                if args.baseline:
-                    measured["baseline"] = plumb_end_to_end(
-                        args,
-                        site,
-                        logs,
-                        redis_url,
-                        tag=f"{phase}-baseline",
-                        checkout=args.baseline.resolve(),
-                    )
+                for stack in first_then_second(n, args.baseline):
+                    if stack == "plumb":
+                        # Only the first round is profiled: the profiler slows what it watches.
+                        measured["plumb"] = plumb_end_to_end(
+                            args, site, logs, redis_url, tag=phase,
+                            profiled=bool(args.profile) and n == 0,
+                        )  # fmt: skip
+                    else:
+                        measured["baseline"] = plumb_end_to_end(
+                            args, site, logs, redis_url, tag=f"{phase}-baseline",
+                            checkout=args.baseline.resolve(),
+                        )  # fmt: skip
                 results[phase].append(measured)
                 print(f"{phase} round {n + 1}:", json.dumps(measured), flush=True)
         if "submit" in args.phases:
             results["submit"] = []
             for n in range(args.rounds):
-                results["submit"].append(submissions(args, fast, logs, redis_url))
+                results["submit"].append(submissions(args, fast, logs, redis_url, n))
                 print(f"submit round {n + 1}:", json.dumps(results["submit"][-1]), flush=True)
         if "links" in args.phases:
             results["links"] = link_checks(args, slow, logs, redis_url)
