@@ -4,6 +4,7 @@ lookup cost more than the lookup (bench/dns_lookups.py)."""
 from __future__ import annotations
 
 import multiprocessing
+import threading
 
 from outbound.guard import LookupThreads, lookup_threads, resolve
 from tests.workers import wait_for
@@ -42,3 +43,24 @@ def test_a_forked_child_looks_up_on_threads_of_its_own():
     assert answers.get(timeout=10) == ["127.0.0.1"]
     child.join(10)
     assert child.exitcode == 0
+
+
+def test_no_lookup_is_lost_when_threads_give_up_waiting_as_they_are_handed_one():
+    # Threads that give up waiting almost at once: a lookup is often handed to a thread in
+    # the instant it gives up. That thread must serve it, or the lookup waits forever.
+    threads = LookupThreads(idle_seconds=0.001)
+    errors: list[BaseException] = []
+
+    def look_up_many() -> None:
+        try:
+            for _ in range(100):
+                assert threads.lookup("localhost", 80).result(5)
+        except Exception as exc:  # reported below, in the test's own thread
+            errors.append(exc)
+
+    callers = [threading.Thread(target=look_up_many) for _ in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(60)
+    assert not errors, errors[:3]
