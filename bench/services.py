@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,7 +66,10 @@ def start_redis():
     if url:
         return None, url
     port = devservices.free_port()
-    process = devservices.start_redis(port, Path(tempfile.mkdtemp(prefix="plumb-bench-redis-")))
+    folder = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
+    process = devservices.start_redis(port, folder)
+    # Its folder goes when the bench exits (after the bench has stopped the server).
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return process, f"redis://127.0.0.1:{port}/0"
 
 

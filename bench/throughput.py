@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -206,7 +207,8 @@ class ReferenceView:
             self.database, self.drop = create_database(sqlite_fallback=False)
         else:
             folder = tempfile.mkdtemp(prefix="plumb-ref-")
-            self.database, self.drop = f"sqlite:///{folder}/ref.sqlite3", lambda: None
+            self.database = f"sqlite:///{folder}/ref.sqlite3"
+            self.drop = lambda: shutil.rmtree(folder, ignore_errors=True)
         subprocess.run(
             [PYTHON, "-c", "import sys; from bench.reference import minimal_submit as m; "
              "m.create_table(sys.argv[1])", self.database],
@@ -306,7 +308,8 @@ class Stack:
             self.database_url, self.drop = create_database(sqlite_fallback=False)
         else:
             path = Path(tempfile.mkdtemp(prefix="plumb-throughput-db-")) / "plumb.sqlite3"
-            self.database_url, self.drop = f"sqlite:///{path}", lambda: None
+            self.database_url = f"sqlite:///{path}"
+            self.drop = lambda: shutil.rmtree(path.parent, ignore_errors=True)
         self.port = devservices.free_port()
         self.env = {
             **os.environ, **STACK_ENV, "REDIS_URL": redis_url, "DATABASE_URL": self.database_url,

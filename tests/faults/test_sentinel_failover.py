@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +31,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def sentinel_group():
-    group = SentinelGroup(Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))).start()
+    folder = Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))
+    group = SentinelGroup(folder).start()
     yield group
     group.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sentinel_env(group: SentinelGroup) -> dict:

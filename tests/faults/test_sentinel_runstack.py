@@ -7,6 +7,7 @@ sentinels on free ports); the stack's database is a SQLite file of the test's ow
 
 from __future__ import annotations
 
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -21,9 +22,11 @@ from tests.workers import wait_for
 
 @pytest.fixture
 def group():
-    group = SentinelGroup(Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))).start()
+    folder = Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))
+    group = SentinelGroup(folder).start()
     yield group
     group.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_make_run_serves_on_the_master_the_sentinels_name(tmp_path, group):
