@@ -86,6 +86,8 @@ class PrivateRedis:
     def __init__(self, *, persistent: bool = False):
         self.port = devservices.free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
+        # Kept across restarts (a persistent server's file); gone when the process exits.
+        atexit.register(shutil.rmtree, self.data_dir, ignore_errors=True)
         self.process: subprocess.Popen | None = None
         self.extra_args = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
 
@@ -121,9 +123,9 @@ class SentinelRedis:
     faults as PrivateRedis plus a failover."""
 
     def __init__(self):
-        self.group = devservices.SentinelGroup(
-            Path(tempfile.mkdtemp(prefix="plumb-bench-sentinel-"))
-        )
+        folder = Path(tempfile.mkdtemp(prefix="plumb-bench-sentinel-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        self.group = devservices.SentinelGroup(folder)
 
     def stack_env(self) -> dict[str, str]:
         return self.group.env()
