@@ -712,17 +712,15 @@ def main() -> int:
                 else:
                     measured = {"reference": bare_loop(site, args.count)}
                 for stack in first_then_second(n, args.baseline):
-                    if stack == "plumb":
-                        # Only the first round is profiled: the profiler slows what it watches.
-                        measured["plumb"] = plumb_end_to_end(
-                            args, site, logs, redis_url, tag=phase,
-                            profiled=bool(args.profile) and n == 0,
-                        )  # fmt: skip
-                    else:
-                        measured["baseline"] = plumb_end_to_end(
-                            args, site, logs, redis_url, tag=f"{phase}-baseline",
-                            checkout=args.baseline.resolve(),
-                        )  # fmt: skip
+                    ours = stack == "plumb"
+                    measured[stack] = plumb_end_to_end(
+                        args, site, logs, redis_url,
+                        tag=phase if ours else f"{phase}-baseline",
+                        checkout=ROOT if ours else args.baseline.resolve(),
+                        # Only this checkout's first round is profiled: the profiler slows
+                        # what it watches.
+                        profiled=ours and bool(args.profile) and n == 0,
+                    )  # fmt: skip
                 results[phase].append(measured)
                 print(f"{phase} round {n + 1}:", json.dumps(measured), flush=True)
         if "submit" in args.phases:
