@@ -11,8 +11,8 @@ a count can never disagree with the decisions made. The order:
 4. otherwise admitted.
 
 What a client holds is read from the record just before the script (client_holding: its
-audits not finished, an audit checking links weighing the checks it still waits on),
-so it is exact and survives any restart; the same check-then-act window as the
+audits not finished, an audit checking links weighing the checks it still waits on,
+counted up to its share), so it is exact and survives any restart; the same check-then-act window as the
 backlog's applies, so a client can exceed its share by its concurrent requests - 1.
 
 A refused submission takes no token and writes nothing but its count.
@@ -216,33 +216,58 @@ def _sql_list(values) -> str:
 # for the client's audits checking links, through their own index: a join of every
 # unfinished audit to its checks was planned as a scan of every link check once the
 # client held a few dozen audits (DECISIONS.md, "The client's holding is one prepared
-# statement").
+# statement"). The checks are counted only up to the client's share (the LIMIT): the
+# decision needs no more, and a client whose audits wait on thousands of checks made each
+# of its submissions, refused ones too, count them all. Its audits need no LIMIT: the
+# share refuses the next one once it is reached.
 _AUDIT, _CHECK = Audit._meta, LinkCheck._meta
 _A, _C = f'"{_AUDIT.db_table}"', f'"{_CHECK.db_table}"'
 _UNFINISHED_OF_CLIENT = f'{_A}."client" = %s AND {_A}."status" IN ({_sql_list(Audit.UNFINISHED)})'
-CLIENT_HOLDING_SQL = f"""
+_CHECK_OF_CHECKING = f'{_C}."{_CHECK.get_field("audit").column}" = checking.id'
+_CHECK_UNFINISHED = f'{_C}."status" IN ({_sql_list(LinkCheck.UNFINISHED)})'
+# The checks are found audit by audit through their index, never by a walk of every
+# client's checks until enough turn up, which a LIMIT invites: the client's audits checking
+# links are read first (MATERIALIZED), and on PostgreSQL each one's checks are a LATERAL
+# subquery that OFFSET 0 keeps from being merged into a join it could plan as a hash
+# join over the whole table. SQLite has no LATERAL and no hash join: it loops over the
+# audits read first, probing the checks' index (its EXPLAIN QUERY PLAN).
+_CHECKS_WAITED_ON = {
+    "postgresql": f"""checking CROSS JOIN LATERAL (SELECT 1 FROM {_C}
+      WHERE {_CHECK_OF_CHECKING} AND {_CHECK_UNFINISHED} OFFSET 0) AS waits_on""",
+    "sqlite": f"checking INNER JOIN {_C} ON {_CHECK_OF_CHECKING} WHERE {_CHECK_UNFINISHED}",
+}
+CLIENT_HOLDING_SQL = {
+    vendor: f"""
+WITH checking AS MATERIALIZED (
+  SELECT {_A}."{_AUDIT.pk.column}" AS id FROM {_A}
+  WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" = '{Audit.Status.CHECKING_LINKS}'
+)
 SELECT
   (SELECT COUNT(*) FROM {_A}
     WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" <> '{Audit.Status.CHECKING_LINKS}'),
-  (SELECT COUNT(*) FROM {_A}
-    INNER JOIN {_C} ON {_C}."{_CHECK.get_field("audit").column}" = {_A}."{_AUDIT.pk.column}"
-    WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" = '{Audit.Status.CHECKING_LINKS}'
-      AND {_C}."status" IN ({_sql_list(LinkCheck.UNFINISHED)}))
+  (SELECT COUNT(*) FROM (SELECT 1 FROM {checks} LIMIT %s) AS checks)
 """
+    for vendor, checks in _CHECKS_WAITED_ON.items()
+}
 
 
 def client_holding(client_key: str) -> int:
-    """What `client_key` holds of the backlog, read from the record in one query: each
-    of its audits not finished is one entry, except that an audit checking links holds
-    one per check it still waits on (the entries it put on the queue). The system's own
-    work ("") belongs to no client."""
+    """What `client_key` holds of the backlog, read from the record in one query and
+    counted up to its share (client_share): each of its audits not finished is one
+    entry, except that an audit checking links holds one per check it still waits on
+    (the entries it put on the queue). A client at or past its share reads as its share,
+    whatever it holds beyond: the count costs the database no more than the share's worth
+    of checks, for the client the share exists for. The system's own work ("") belongs to
+    no client."""
     if not client_key:
         return 0
+    share = client_share()
+    connection = connections[router.db_for_read(Audit)]
     # Prepared: planning the statement cost more than running it, on every submission.
     audits, checks = fetch_one(
-        connections[router.db_for_read(Audit)], CLIENT_HOLDING_SQL, [client_key, client_key]
+        connection, CLIENT_HOLDING_SQL[connection.vendor], [client_key, client_key, share]
     )
-    return audits + checks
+    return min(audits + checks, share)
 
 
 class AdmissionUnavailable(Exception):

@@ -15,8 +15,10 @@
    `WorkerProcess`) whose every audit fails at once (a 500 from the demo site), the
    cap at 20, and 100 submissions paced at 5 per second; how many each count admits.
 4. What a client holds (admission.client_holding, the fair share's count each
-   submission reads), against the same count planned on every call and against the
-   one join it replaced, alternated, at holdings of 10 and 100.
+   submission reads), against the same count planned on every call, against the checks
+   counted in full (before 2026-12-07) and against the one join before that, alternated,
+   at holdings of 10 and 100, and for a client far past its share (5,000 entries: the
+   chosen count stops at the share, 100).
 
 It creates its own database on the DATABASE_URL server (Django's test-database
 machinery, bench.inprocess: `..._bench_admission`) and drops it at the end. The check reads
@@ -63,6 +65,7 @@ from config.celery_app import queue_list_keys, unacked_key_for_queue  # noqa: E4
 from config.redis import REDIS_NOW_LUA, lua  # noqa: E402
 from devstack.demo_site import DemoSite  # noqa: E402
 from jobs.backlog import backlog_snapshot  # noqa: E402
+from jobs.sql import fetch_one  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
 
 HELD_COUNTS = (100, 100_000)
@@ -295,6 +298,9 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
 HOLDINGS = (10, 100)
 HOLDER = "ip:192.0.2.1"
 CHECKS_PER_AUDIT = 10
+# A client far past its share (the default, 100): its audits' link checks took it there,
+# which the share does not refuse. 50 audits checking links, each waiting on 100 checks.
+FAR_PAST = (50, 100)
 
 # What client_holding ran before (2026-12-06): one join of every unfinished audit of the
 # client to its link checks, bound client-side like every Django statement, so parsed
@@ -308,6 +314,17 @@ SELECT
 FROM {_A} LEFT OUTER JOIN {_C} ON {_C}."audit_id" = {_A}."id"
 WHERE {_A}."client" = %s AND {_A}."status" IN ({_UNFINISHED})
 """
+# What client_holding ran before 2026-12-07: the same two counts, the checks counted in
+# full however far past its share the client was.
+FULL_COUNTS_SQL = f"""
+SELECT
+  (SELECT COUNT(*) FROM {_A}
+    WHERE {admission._UNFINISHED_OF_CLIENT} AND {_A}."status" <> '{Audit.Status.CHECKING_LINKS}'),
+  (SELECT COUNT(*) FROM {_A}
+    INNER JOIN {_C} ON {_C}."audit_id" = {_A}."id"
+    WHERE {admission._UNFINISHED_OF_CLIENT} AND {_A}."status" = '{Audit.Status.CHECKING_LINKS}'
+      AND {admission._CHECK_UNFINISHED})
+"""
 
 
 def holding_as_before(client_key: str) -> int:
@@ -317,36 +334,51 @@ def holding_as_before(client_key: str) -> int:
     return (audits or 0) + (checks or 0)
 
 
-def _unprepared(sql: str, params: list):
+def _unprepared(sql: str, params):
+    """`sql` bound client-side, as Django binds its statements: parsed and planned on
+    every call. `params`: a callable, read at each call (the share follows the settings)."""
+
     def count() -> int:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, params())
             return sum(cursor.fetchone())
 
     return count
 
 
+def _prepared(sql: str, params: list):
+    return lambda: sum(fetch_one(connection, sql, params))
+
+
 HOLDING_COUNTS = {
-    "chosen: two counts, prepared (admission.client_holding)": lambda: admission.client_holding(
-        HOLDER
+    "chosen: two counts, the checks up to the share, prepared (admission.client_holding)": (
+        lambda: admission.client_holding(HOLDER)
     ),
     "the same two counts, planned on every call": _unprepared(
-        admission.CLIENT_HOLDING_SQL, [HOLDER, HOLDER]
+        admission.CLIENT_HOLDING_SQL[connection.vendor],
+        lambda: [HOLDER, HOLDER, admission.client_share()],
     ),
-    "before: one join of audits to checks, planned on every call": lambda: holding_as_before(
-        HOLDER
+    "before 2026-12-07: the checks counted in full, prepared": _prepared(
+        FULL_COUNTS_SQL, [HOLDER, HOLDER]
+    ),
+    "before 2026-12-06: one join of audits to checks, planned on every call": lambda: (
+        holding_as_before(HOLDER)
     ),
 }
 
 
 def bench_client_holding(
     *, others: int = 100_000, other_checks: int = 100_000, own_finished: int = 100_000
-) -> dict[str, dict[int, float]]:
+) -> dict[str, dict[str, float]]:
     """Median microseconds of each count in HOLDING_COUNTS (the per-client count each
     submission adds), alternated, for a client holding 10 and 100 (the default share)
-    entries: one audit checking links that waits on 10 checks, and queued audits for the
-    rest. In the table: `others` unfinished audits of 1,000 other clients, of which some
-    wait on `other_checks` link checks in all, and `own_finished` of the client's history."""
+    entries (one audit checking links that waits on 10 checks, and queued audits for the
+    rest), and for one far past its share (FAR_PAST: 5,000 entries, which the chosen count
+    reads as the share). In the table: `others` unfinished audits of 1,000 other clients,
+    of which some wait on `other_checks` link checks in all, and `own_finished` of the
+    client's history."""
+    # The default share, 100 (the throughput part above raised the cap for its own sake).
+    settings.AUDIT_QUEUE_MAX_DEPTH, settings.AUDIT_CLIENT_MAX_SHARE = 1000, 0.1
     page = Page.objects.create(url="https://bench.example/holding", domain="bench.example")
 
     def audits(count: int, status: str, client=lambda n: HOLDER) -> list[Audit]:
@@ -379,14 +411,23 @@ def bench_client_holding(
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE audits_audit, audits_linkcheck")
-    results: dict[str, dict[int, float]] = {name: {} for name in HOLDING_COUNTS}
-    for held in HOLDINGS:
+    share = admission.client_share()
+    results: dict[str, dict[str, float]] = {name: {} for name in HOLDING_COUNTS}
+    far_audits, far_checks = FAR_PAST
+    for held in (*HOLDINGS, far_audits * far_checks):
         Audit.objects.filter(client=HOLDER).exclude(status=Audit.Status.SUCCEEDED).delete()
-        checks(audits(1, Audit.Status.CHECKING_LINKS), CHECKS_PER_AUDIT)
-        audits(held - CHECKS_PER_AUDIT, Audit.Status.QUEUED)
+        if held in HOLDINGS:
+            checks(audits(1, Audit.Status.CHECKING_LINKS), CHECKS_PER_AUDIT)
+            audits(held - CHECKS_PER_AUDIT, Audit.Status.QUEUED)
+            label = str(held)
+        else:
+            checks(audits(far_audits, Audit.Status.CHECKING_LINKS), far_checks)
+            label = f"{held} (past the share)"
         timings: dict[str, list[float]] = {name: [] for name in HOLDING_COUNTS}
         for name, count in HOLDING_COUNTS.items():
-            assert count() == held, name
+            # The chosen statement stops at the share; the ones before it count in full.
+            stops = name.startswith(("chosen", "the same"))
+            assert count() == (min(held, share) if stops else held), name
         for _ in range(20):
             for name, count in HOLDING_COUNTS.items():
                 for _ in range(25):
@@ -394,7 +435,7 @@ def bench_client_holding(
                     count()
                     timings[name].append(time.perf_counter() - started)
         for name, values in timings.items():
-            results[name][held] = statistics.median(values) * 1e6
+            results[name][label] = statistics.median(values) * 1e6
     LinkCheck.objects.all().delete()
     Audit.objects.all().delete()
     Page.objects.all().delete()
@@ -498,11 +539,14 @@ def report(costs: dict, throughput: dict, outage: dict, holding: dict) -> str:
     lines.append(
         "100,000 unfinished audits of 1,000 other clients (2,000 of them waiting on "
         "100,000 link checks), 100,000 finished of its own; it holds one audit waiting on "
-        f"{CHECKS_PER_AUDIT} checks and queued audits for the rest."
+        f"{CHECKS_PER_AUDIT} checks and queued audits for the rest, or (past its share) "
+        f"{FAR_PAST[0]} audits each waiting on {FAR_PAST[1]} checks."
     )
-    lines += ["", "| count | holding 10 | holding 100 |", "| --- | ---: | ---: |"]
+    labels = list(next(iter(holding.values())))
+    lines += ["", "| count | " + " | ".join(f"holding {label}" for label in labels) + " |"]
+    lines.append("| --- |" + " ---: |" * len(labels))
     for name, by_held in holding.items():
-        lines.append(f"| {name} | " + " | ".join(f"{by_held[h]:,.0f}" for h in HOLDINGS) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{by_held[h]:,.0f}" for h in labels) + " |")
     lines += ["", "## Fail-fast outage: cap 20, 100 submissions at 5/s, 4 worker slots", ""]
     lines.append("| backlog count | admitted | peak backlog | audits finished meanwhile |")
     lines.append("| --- | ---: | ---: | ---: |")

@@ -129,6 +129,8 @@ def test_a_token_counts_as_its_user_from_any_address(api, settings, django_user_
     )
 
 
+# The holding's statement has a text per database (audits.admission.CLIENT_HOLDING_SQL).
+@pytest.mark.both_databases
 def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, settings):
     settings.AUDIT_QUEUE_MAX_DEPTH = 50
     settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # five entries a client
@@ -144,6 +146,28 @@ def test_an_audit_checking_links_holds_one_entry_per_check_it_waits_on(api, sett
     assert post_audit(api, "https://example.org/a").status_code == 202  # 4 + this one = 5
     response = post_audit(api, "https://example.org/b")
     assert response.status_code == 429 and response.json()["held"] == 5
+
+
+@pytest.mark.both_databases
+def test_a_client_far_past_its_share_reads_as_its_share(api, settings):
+    # Its audits' link checks took it there (the share refuses submissions, not checks);
+    # the count stops at the share, and the refusal says the client holds it.
+    settings.AUDIT_QUEUE_MAX_DEPTH = 50
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # five entries a client
+    page = Page.objects.create(url="https://example.org/", domain="example.org")
+    Audit.objects.create(page=page, client="ip:127.0.0.1")
+    for n in range(3):
+        audit = Audit.objects.create(
+            page=page, client="ip:127.0.0.1", status=Audit.Status.CHECKING_LINKS
+        )
+        LinkCheck.objects.bulk_create(
+            LinkCheck(audit=audit, url=f"https://example.net/{n}/{m}") for m in range(20)
+        )
+    assert admission.client_holding("ip:127.0.0.1") == 5
+    response = post_audit(api, "https://example.org/a")
+    assert response.status_code == 429
+    assert (response.json()["held"], response.json()["share"]) == (5, 5)
+    assert admission.client_holding("ip:127.0.0.2") == 0
 
 
 def test_nightly_re_audits_count_against_no_client(api, settings):

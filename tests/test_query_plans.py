@@ -247,12 +247,64 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
 
     assert admission.client_holding("ip:192.0.2.1") == 40 + 3
 
-    client = ["ip:192.0.2.1"] * 2  # the statement names it twice
+    # The client, twice, and its share (the default, 100), as the statement takes them.
+    client = ["ip:192.0.2.1", "ip:192.0.2.1", "100"]
     chosen = prepared_plan('"audits_audit"."client" = $1', client, plan_cache_mode)
     assert "audit_client_unfinished_idx" in chosen, chosen
     assert "Seq Scan on audits_audit" not in chosen, chosen
     if plan_cache_mode == "force_generic_plan":
         assert "Seq Scan on audits_linkcheck" not in chosen, chosen
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_a_client_holding_far_past_its_share_costs_its_submissions_no_more_than_its_share(
+    plan_cache_mode, settings
+):
+    # A client may hold far more than its share: the share refuses new submissions, not
+    # the link checks of the audits it already has (one entry per check). Each of its
+    # submissions, refused or not, reads its holding first; the count stops at the share.
+    settings.AUDIT_QUEUE_MAX_DEPTH, settings.AUDIT_CLIENT_MAX_SHARE = 1000, 0.05
+    page = Page.objects.create(url="http://127.0.0.1:9/a", domain="a.test")
+    Audit.objects.bulk_create(
+        Audit(page=page, task_id=f"queued-{n}", client="ip:192.0.2.1") for n in range(30)
+    )
+    checking = Audit.objects.bulk_create(
+        Audit(page=page, task_id=f"checking-{n}", client="ip:192.0.2.1",
+              status=Audit.Status.CHECKING_LINKS)
+        for n in range(40)
+    )  # fmt: skip
+    LinkCheck.objects.bulk_create(
+        LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}")
+        for audit in checking
+        for n in range(50)
+    )
+    analyze("audits_audit", "audits_linkcheck")
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+    checks_before = link_checks_read()
+
+    # 30 audits and 2,000 checks, read as its share.
+    assert admission.client_holding("ip:192.0.2.1") == 50
+
+    # Through their index, and no more of them than the share: 2,000 without the LIMIT.
+    checks_after = link_checks_read()
+    seq_scans, fetched = (
+        after - before for after, before in zip(checks_after, checks_before, strict=True)
+    )
+    assert seq_scans == 0
+    assert 0 < fetched <= 50
+
+
+def link_checks_read() -> tuple[int, int]:
+    """This transaction's sequential scans of the link checks, and the rows its index
+    scans fetched from them, so far (PostgreSQL's statistics of the transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = %s",
+            ["audits_linkcheck"],
+        )
+        return cursor.fetchone()
 
 
 def test_a_client_s_holding_is_planned_once_for_every_client():

@@ -70,7 +70,8 @@ class TooManyRequestsSerializer(ErrorSerializer):
     held = serializers.IntegerField(
         required=False,
         help_text="With client_backlog_full: what your unfinished audits hold of the backlog "
-        "(an audit checking links, one per check it still waits on).",
+        "(an audit checking links, one per check it still waits on), counted up to your "
+        "share: past it, your share.",
     )
     share = serializers.IntegerField(
         required=False,
