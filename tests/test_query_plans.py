@@ -229,19 +229,7 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
     LinkCheck.objects.bulk_create(
         LinkCheck(audit=checking, url=f"http://127.0.0.1:9/{n}") for n in range(3)
     )
-    others = Audit.objects.bulk_create(
-        Audit(page=page, task_id=f"other-{n}", client=f"ip:192.0.2.{n % 50 + 2}",
-              status=Audit.Status.CHECKING_LINKS)
-        for n in range(400)
-    )  # fmt: skip
-    LinkCheck.objects.bulk_create(
-        (
-            LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}")
-            for audit in others
-            for n in range(50)
-        ),
-        batch_size=5000,
-    )
+    audits_checking_links(page, [f"ip:192.0.2.{n % 50 + 2}" for n in range(400)], checks=50)
     if statistics == "fresh":
         analyze("audits_audit", "audits_linkcheck")
 
@@ -268,16 +256,7 @@ def test_a_client_holding_far_past_its_share_costs_its_submissions_no_more_than_
     Audit.objects.bulk_create(
         Audit(page=page, task_id=f"queued-{n}", client="ip:192.0.2.1") for n in range(30)
     )
-    checking = Audit.objects.bulk_create(
-        Audit(page=page, task_id=f"checking-{n}", client="ip:192.0.2.1",
-              status=Audit.Status.CHECKING_LINKS)
-        for n in range(40)
-    )  # fmt: skip
-    LinkCheck.objects.bulk_create(
-        LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}")
-        for audit in checking
-        for n in range(50)
-    )
+    audits_checking_links(page, ["ip:192.0.2.1"] * 40, checks=50)
     analyze("audits_audit", "audits_linkcheck")
 
     with connection.cursor() as cursor:
@@ -294,6 +273,20 @@ def test_a_client_holding_far_past_its_share_costs_its_submissions_no_more_than_
     )
     assert seq_scans == 0
     assert 0 < fetched <= 50
+
+
+def audits_checking_links(page: Page, clients: list[str], *, checks: int) -> None:
+    """An audit of `page` checking links for each of `clients`, each waiting on `checks`."""
+    audits = Audit.objects.bulk_create(
+        Audit(page=page, task_id=f"checking-{n}", client=client,
+              status=Audit.Status.CHECKING_LINKS)
+        for n, client in enumerate(clients)
+    )  # fmt: skip
+    LinkCheck.objects.bulk_create(
+        (LinkCheck(audit=audit, url=f"http://127.0.0.1:9/{n}") for audit in audits
+         for n in range(checks)),
+        batch_size=5000,
+    )  # fmt: skip
 
 
 def link_checks_read() -> tuple[int, int]:
