@@ -12,8 +12,9 @@ a count can never disagree with the decisions made. The order:
 
 What a client holds is read from the record just before the script (client_holding: its
 audits not finished, an audit checking links weighing the checks it still waits on,
-counted up to its share), so it is exact and survives any restart; the same check-then-act window as the
-backlog's applies, so a client can exceed its share by its concurrent requests - 1.
+counted up to its share), so it is exact and survives any restart; the same
+check-then-act window as the backlog's applies, so a client can exceed its share by its
+concurrent requests - 1.
 
 A refused submission takes no token and writes nothing but its count.
 
