@@ -5,10 +5,7 @@ Each test starts its own primary, replica and three sentinels (config.devservice
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-from pathlib import Path
 
 import kombu
 import pytest
@@ -23,15 +20,13 @@ COUNT_LUA = lua("return redis.call('INCR', KEYS[1])")
 
 
 @pytest.fixture
-def group(settings):
-    folder = Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))
-    group = SentinelGroup(folder).start()
+def group(settings, tmp_path_factory):
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel")).start()
     settings.REDIS_URL = f"redis://{group.MASTER_NAME}/0"
     settings.REDIS_SENTINEL_ADDRESSES = [("127.0.0.1", port) for port in group.sentinel_ports]
     settings.REDIS_SENTINEL_MASTER = group.MASTER_NAME
     yield group
     group.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def demote_the_master(group: SentinelGroup) -> None:

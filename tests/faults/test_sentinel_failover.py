@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -30,12 +27,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def sentinel_group():
-    folder = Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))
-    group = SentinelGroup(folder).start()
+def sentinel_group(tmp_path_factory):
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel")).start()
     yield group
     group.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sentinel_env(group: SentinelGroup) -> dict:

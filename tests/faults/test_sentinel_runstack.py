@@ -7,10 +7,7 @@ sentinels on free ports); the stack's database is a SQLite file of the test's ow
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
-from pathlib import Path
 
 import psutil
 import pytest
@@ -21,12 +18,10 @@ from tests.workers import wait_for
 
 
 @pytest.fixture
-def group():
-    folder = Path(tempfile.mkdtemp(prefix="plumb-sentinel-"))
-    group = SentinelGroup(folder).start()
+def group(tmp_path_factory):
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel")).start()
     yield group
     group.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_make_run_serves_on_the_master_the_sentinels_name(tmp_path, group):
