@@ -350,19 +350,27 @@ def _prepared(sql: str, params: list):
     return lambda: sum(fetch_one(connection, sql, params))
 
 
+# Each count, and whether it stops at the share (the chosen statement does; the ones before
+# it count a holding in full).
 HOLDING_COUNTS = {
     "chosen: two counts, the checks up to the share, prepared (admission.client_holding)": (
-        lambda: admission.client_holding(HOLDER)
+        lambda: admission.client_holding(HOLDER),
+        True,
     ),
-    "the same two counts, planned on every call": _unprepared(
-        admission.CLIENT_HOLDING_SQL[connection.vendor],
-        lambda: [HOLDER, HOLDER, admission.client_share()],
+    "the same two counts, planned on every call": (
+        _unprepared(
+            admission.CLIENT_HOLDING_SQL[connection.vendor],
+            lambda: [HOLDER, HOLDER, admission.client_share()],
+        ),
+        True,
     ),
-    "before 2026-12-07: the checks counted in full, prepared": _prepared(
-        FULL_COUNTS_SQL, [HOLDER, HOLDER]
+    "before 2026-12-07: the checks counted in full, prepared": (
+        _prepared(FULL_COUNTS_SQL, [HOLDER, HOLDER]),
+        False,
     ),
-    "before 2026-12-06: one join of audits to checks, planned on every call": lambda: (
-        holding_as_before(HOLDER)
+    "before 2026-12-06: one join of audits to checks, planned on every call": (
+        lambda: holding_as_before(HOLDER),
+        False,
     ),
 }
 
@@ -424,12 +432,10 @@ def bench_client_holding(
             checks(audits(far_audits, Audit.Status.CHECKING_LINKS), far_checks)
             label = f"{held} (past the share)"
         timings: dict[str, list[float]] = {name: [] for name in HOLDING_COUNTS}
-        for name, count in HOLDING_COUNTS.items():
-            # The chosen statement stops at the share; the ones before it count in full.
-            stops = name.startswith(("chosen", "the same"))
-            assert count() == (min(held, share) if stops else held), name
+        for name, (count, stops_at_share) in HOLDING_COUNTS.items():
+            assert count() == (min(held, share) if stops_at_share else held), name
         for _ in range(20):
-            for name, count in HOLDING_COUNTS.items():
+            for name, (count, _stops) in HOLDING_COUNTS.items():
                 for _ in range(25):
                     started = time.perf_counter()
                     count()

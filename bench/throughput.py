@@ -496,21 +496,21 @@ def profile(args, stack: Stack, tag: str) -> list[subprocess.Popen]:
     ]
 
 
-def first_then_second(round_index: int, baseline: Path | None) -> list[str]:
-    """The order this checkout's stack ("plumb") and --baseline's run in a round: they take
-    turns going first, since the first of a pair ran dearer in three rounds of four
-    (BENCHMARKS.md, "Latest run on SQLite")."""
+def first_then_second(round_index: int, baseline: Path | None) -> list[tuple[str, Path]]:
+    """(stack, its checkout) in the order this checkout's stack ("plumb") and --baseline's
+    run in a round: they take turns going first, since the first of a pair ran dearer in
+    three rounds of four (BENCHMARKS.md, "Latest run on SQLite")."""
     if baseline is None:
-        return ["plumb"]
-    return ["plumb", "baseline"] if round_index % 2 == 0 else ["baseline", "plumb"]
+        return [("plumb", ROOT)]
+    pair = [("plumb", ROOT), ("baseline", baseline.resolve())]
+    return pair if round_index % 2 == 0 else pair[::-1]
 
 
 def submissions(args, site: str, logs: Path, redis_url: str, round_index: int = 0) -> dict:
     """POST /api/audits alone (and from --baseline's checkout, the two taking turns going
     first), then the minimal reference view on the same gunicorn line."""
     measured = {}
-    for stack in first_then_second(round_index, args.baseline):
-        checkout = ROOT if stack == "plumb" else args.baseline.resolve()
+    for stack, checkout in first_then_second(round_index, args.baseline):
         measured[stack] = plumb_submissions(args, site, logs, redis_url, checkout=checkout)
     view = ReferenceView(args, redis_url, logs, queue="reference")
     try:
@@ -711,12 +711,12 @@ def main() -> int:
                     }
                 else:
                     measured = {"reference": bare_loop(site, args.count)}
-                for stack in first_then_second(n, args.baseline):
+                for stack, checkout in first_then_second(n, args.baseline):
                     ours = stack == "plumb"
                     measured[stack] = plumb_end_to_end(
                         args, site, logs, redis_url,
                         tag=phase if ours else f"{phase}-baseline",
-                        checkout=ROOT if ours else args.baseline.resolve(),
+                        checkout=checkout,
                         # Only this checkout's first round is profiled: the profiler slows
                         # what it watches.
                         profiled=ours and bool(args.profile) and n == 0,
