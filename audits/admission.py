@@ -1,22 +1,27 @@
-"""Admission of audit submissions: the client's token bucket and the backlog backstop.
+"""Admission of audit submissions: the client's token bucket, its share, and the backlog.
 
-One Lua script decides a submission: it refills the client's bucket, reads the
-audits queue's backlog (jobs.backlog), decides, takes the token only if the submission is
-admitted, and counts the decision, all in one round trip and one atomic step, so
-a count can never disagree with the decisions made. The order:
+A submission's outcome, in this order:
 
 1. bucket empty -> refused_ip (429, Retry-After: whole seconds until a token);
 2. the client holds its share of the backlog (client_share) -> refused_client (429);
 3. backlog >= AUDIT_QUEUE_MAX_DEPTH -> refused_backlog (503);
 4. otherwise admitted.
 
-What a client holds is read from the record just before the script (client_holding: its
-audits not finished, an audit checking links weighing the checks it still waits on,
-counted up to its share), so it is exact and survives any restart; the same
-check-then-act window as the backlog's applies, so a client can exceed its share by its
-concurrent requests - 1.
+One Lua script decides the bucket and the backlog: it refills the client's bucket, reads
+the audits queue's backlog (jobs.backlog), decides, takes the token only if it admits, and
+counts the decision, in one round trip and one atomic step.
 
-A refused submission takes no token and writes nothing but its count.
+What a client holds is in the database (its audits not finished, an audit checking links
+weighing the checks it still waits on, counted up to its share: HOLDING_CTES), so it is
+exact and survives any restart, and it is read where it is written: an admitted
+submission's own statement inserts its page and audit only while the client holds less
+than its share (audits.submission), so admitting costs the script's round trip and no read
+of its own. A submission that statement finds at its share, and one the script refused
+for the backlog whose client holds its share too (client_holding), is refused_client:
+`refuse_client` gives an admitted one's token back and moves the decision's count, so a
+refused submission takes no token and writes nothing but its count, whichever step
+refused it. The share has the backlog's check-then-act window: a client can exceed it by
+its concurrent requests - 1.
 
 The check-then-act window: the script reads the backlog, and the admitted audit
 reaches the queue only after the view has written its row and committed. Another
@@ -43,7 +48,7 @@ import logging
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import redis
 from django.conf import settings
@@ -53,7 +58,7 @@ from audits.models import Audit, LinkCheck
 from config.redis import REDIS_NOW_LUA, lua, redis_client
 from jobs.backlog import QUEUE_BACKLOG_LUA, backlog_keys, backlog_snapshot
 from jobs.policy import DATABASE_UNAVAILABLE, wait_horizon
-from jobs.sql import fetch_one
+from jobs.sql import column, fetch_one
 from observability import gauges
 from observability.metrics import ADMISSION_DECISIONS_METRIC, admission_metric_keys, read_counter
 
@@ -87,41 +92,67 @@ local function bucket_wait(tokens, per_second)
 end
 """
 
+# Counting a decision (observability.metrics.admission_metric_keys): the counter's field is
+# its labels as JSON, the minute bucket's its name. KEYS: counter, minute bucket.
+COUNT_DECISION_LUA = """
+local function count_decision(decision, in_backoff, delta, expiry)
+  redis.call('HINCRBY', KEYS[2], '["' .. decision .. '", "' .. in_backoff .. '"]', delta)
+  redis.call('HINCRBY', KEYS[3], 'admissions:' .. decision, delta)
+  if in_backoff == 'true' then
+    redis.call('HINCRBY', KEYS[3], 'admissions_in_backoff:' .. decision, delta)
+  end
+  redis.call('EXPIREAT', KEYS[3], expiry)
+end
+"""
+
 # KEYS: bucket, metrics counter, metrics minute bucket, then the audits queue's backlog_keys().
-# ARGV: burst, tokens per second, max depth, minute bucket expiry, what the client holds,
-# the client's share, the wait horizon.
+# ARGV: burst, tokens per second, max depth, minute bucket expiry, the wait horizon.
 _ADMIT = lua(
     REDIS_NOW_LUA
     + TOKEN_BUCKET_LUA
     + QUEUE_BACKLOG_LUA
+    + COUNT_DECISION_LUA
     + """
 local now = redis_now()
 local burst, per_second, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
-local waiting, retrying, running = queue_backlog(4, now, tonumber(ARGV[7]))
+local waiting, retrying, running = queue_backlog(4, now, tonumber(ARGV[5]))
 local decision = 'admitted'
-local client_held, client_share = tonumber(ARGV[5]), tonumber(ARGV[6])
 if tokens < 1 then
   decision = 'refused_ip'
-elseif client_held >= client_share then
-  decision = 'refused_client'
 elseif waiting + retrying >= max_depth then
   decision = 'refused_backlog'
 else
   bucket_take(KEYS[1], now, tokens, burst, per_second)
 end
--- The metrics (observability.metrics.admission_metric_keys) in the same step, so a
--- decision costs one round trip: the counter's field is its labels as JSON.
+-- Counted in the same step, so a decision costs one round trip.
 local in_backoff = 'false'
 if retrying > 0 then in_backoff = 'true' end
-local counter, bucket = KEYS[2], KEYS[3]
-redis.call('HINCRBY', counter, '["' .. decision .. '", "' .. in_backoff .. '"]', 1)
-redis.call('HINCRBY', bucket, 'admissions:' .. decision, 1)
-if retrying > 0 then
-  redis.call('HINCRBY', bucket, 'admissions_in_backoff:' .. decision, 1)
-end
-redis.call('EXPIREAT', bucket, tonumber(ARGV[4]))
+count_decision(decision, in_backoff, 1, tonumber(ARGV[4]))
 return {decision, tostring(bucket_wait(tokens, per_second)), waiting, retrying, running}
+"""
+)
+
+# A decision the share overturned, recounted as refused_client; an admitted one gives its
+# token back (the bucket as full as it would be had the token never been taken, never
+# fuller than the burst). KEYS: bucket, metrics counter, the decision's minute bucket.
+# ARGV: the decision, in_backoff, the minute bucket's expiry, burst, tokens per second.
+_REFUSE_CLIENT = lua(
+    REDIS_NOW_LUA
+    + TOKEN_BUCKET_LUA
+    + COUNT_DECISION_LUA
+    + """
+local decision, in_backoff, expiry = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if decision == 'admitted' then
+  local burst, per_second = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local now = redis_now()
+  local tokens = math.min(burst, bucket_tokens(KEYS[1], now, burst, per_second) + 1)
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+  redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / per_second * 1000))
+end
+count_decision(decision, in_backoff, -1, expiry)
+count_decision('refused_client', in_backoff, 1, expiry)
+return 1
 """
 )
 
@@ -223,7 +254,12 @@ def _sql_list(values) -> str:
 # share refuses the next one once it is reached.
 _AUDIT, _CHECK = Audit._meta, LinkCheck._meta
 _A, _C = f'"{_AUDIT.db_table}"', f'"{_CHECK.db_table}"'
-_UNFINISHED_OF_CLIENT = f'{_A}."client" = %s AND {_A}."status" IN ({_sql_list(Audit.UNFINISHED)})'
+# The system's own work ("") holds nothing: none of it is read (a condition on the parameter
+# alone, which PostgreSQL checks once before the scan).
+_UNFINISHED_OF_CLIENT = (
+    f"%s <> '' AND {_A}.{column(Audit, 'client')} = %s"
+    f" AND {_A}.{column(Audit, 'status')} IN ({_sql_list(Audit.UNFINISHED)})"
+)
 _CHECK_OF_CHECKING = f'{_C}."{_CHECK.get_field("audit").column}" = checking.id'
 _CHECK_UNFINISHED = f'{_C}."status" IN ({_sql_list(LinkCheck.UNFINISHED)})'
 # The checks are found audit by audit through their index, never by a walk of every
@@ -237,19 +273,30 @@ _CHECKS_WAITED_ON = {
       WHERE {_CHECK_OF_CHECKING} AND {_CHECK_UNFINISHED} OFFSET 0) AS waits_on""",
     "sqlite": f"checking INNER JOIN {_C} ON {_CHECK_OF_CHECKING} WHERE {_CHECK_UNFINISHED}",
 }
-CLIENT_HOLDING_SQL = {
-    vendor: f"""
-WITH checking AS MATERIALIZED (
+# The holding as common table expressions (`held`: one row, its `entries`), for a statement
+# to read or to act on: CLIENT_HOLDING_SQL reads it, and a submission's own statement on
+# PostgreSQL inserts only while it is under the share (audits.submission). Parameters:
+# holding_params.
+HOLDING_CTES = {
+    vendor: f"""checking AS MATERIALIZED (
   SELECT {_A}."{_AUDIT.pk.column}" AS id FROM {_A}
   WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" = '{Audit.Status.CHECKING_LINKS}'
-)
-SELECT
+),
+held AS (SELECT
   (SELECT COUNT(*) FROM {_A}
-    WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" <> '{Audit.Status.CHECKING_LINKS}'),
-  (SELECT COUNT(*) FROM (SELECT 1 FROM {checks} LIMIT %s) AS checks)
-"""
+    WHERE {_UNFINISHED_OF_CLIENT} AND {_A}."status" <> '{Audit.Status.CHECKING_LINKS}')
+  + (SELECT COUNT(*) FROM (SELECT 1 FROM {checks} LIMIT %s) AS checks) AS entries
+)"""
     for vendor, checks in _CHECKS_WAITED_ON.items()
 }
+CLIENT_HOLDING_SQL = {
+    vendor: f"WITH {ctes} SELECT entries FROM held" for vendor, ctes in HOLDING_CTES.items()
+}
+
+
+def holding_params(client_key: str, share: int) -> list:
+    """HOLDING_CTES' parameters."""
+    return [client_key] * 4 + [share]
 
 
 def client_holding(client_key: str) -> int:
@@ -264,11 +311,11 @@ def client_holding(client_key: str) -> int:
         return 0
     share = client_share()
     connection = connections[router.db_for_read(Audit)]
-    # Prepared: planning the statement cost more than running it, on every submission.
-    audits, checks = fetch_one(
-        connection, CLIENT_HOLDING_SQL[connection.vendor], [client_key, client_key, share]
+    # Prepared: planning the statement cost more than running it.
+    (entries,) = fetch_one(
+        connection, CLIENT_HOLDING_SQL[connection.vendor], holding_params(client_key, share)
     )
-    return min(audits + checks, share)
+    return min(entries, share)
 
 
 class AdmissionUnavailable(Exception):
@@ -285,9 +332,12 @@ class Decision:
     max_depth: int
     # Whole seconds a refused client should wait before trying again (0 if admitted).
     retry_after: int = 0
-    # What the client held of the backlog, and the most it may hold (client_share).
-    client_held: int = 0
+    # The most of the backlog the client may hold (client_share), and what it held when
+    # that refused it (refuse_client; 0 otherwise: only a refusal reads it).
     client_share: int = 0
+    client_held: int = 0
+    # Where the script counted it (admission_metric_keys), for refuse_client to recount it.
+    counted_in: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def admitted(self) -> bool:
@@ -306,29 +356,21 @@ def _retry_after(outcome: str, bucket_wait_seconds: float) -> int:
     return 0
 
 
-def admit_submission(
-    ip: str, *, client_held: int = 0, client: redis.Redis | None = None
-) -> Decision:
-    """Decide one submission from `ip`, whose client holds `client_held` of the backlog
-    (client_holding), and count it. Raises AdmissionUnavailable."""
+def admit_submission(ip: str, *, client: redis.Redis | None = None) -> Decision:
+    """Decide one submission from `ip` by its bucket and the backlog, and count it; the
+    client's share is the submission's own statement's to check (module docstring).
+    Raises AdmissionUnavailable."""
     max_depth = settings.AUDIT_QUEUE_MAX_DEPTH
-    share = client_share()
+    counted_in = admission_metric_keys()
+    counter, bucket, bucket_expiry = counted_in
     try:
-        counter, bucket, bucket_expiry = admission_metric_keys()
         outcome, wait, waiting, retrying, running = _ADMIT(
-            keys=[
-                submit_bucket_key(ip),
-                counter,
-                bucket,
-                *backlog_keys(settings.AUDIT_QUEUE),
-            ],
+            keys=[submit_bucket_key(ip), counter, bucket, *backlog_keys(settings.AUDIT_QUEUE)],
             args=[
                 settings.AUDIT_SUBMIT_BURST,
                 settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
                 max_depth,
                 bucket_expiry,
-                client_held,
-                share,
                 wait_horizon(),
             ],
             client=client or redis_client(),
@@ -347,21 +389,59 @@ def admit_submission(
         running=int(running),
         max_depth=max_depth,
         retry_after=_retry_after(outcome, float(wait)),
-        client_held=client_held,
-        client_share=share,
+        client_share=client_share(),
+        counted_in=counted_in,
     )
     if not decision.admitted:
-        # Counted by the script; the log line says what the refusal was measured against.
-        log.info(
-            "admission.refused",
-            extra={
-                "reason": decision.outcome, "client_ip": ip, "backlog": decision.backlog,
-                "waiting": decision.waiting, "retrying": decision.retrying,
-                "running": decision.running, "max_depth": max_depth,
-                "client_held": client_held, "client_share": share,
-            },
-        )  # fmt: skip
+        _log_refusal(decision)
     return decision
+
+
+def refuse_client(decision: Decision, held: int, *, client: redis.Redis | None = None) -> Decision:
+    """`decision` (admitted, or refused for the backlog) overturned because its client holds
+    `held`, its share or more: refused_client, recounted where the script counted it, and
+    an admitted one's token given back. If Redis cannot be reached now the refusal stands
+    and only its count is lost (logged)."""
+    refused = replace(
+        decision,
+        outcome=REFUSED_CLIENT,
+        retry_after=_retry_after(REFUSED_CLIENT, 0),
+        client_held=held,
+    )
+    counter, bucket, bucket_expiry = decision.counted_in
+    try:
+        _REFUSE_CLIENT(
+            keys=[submit_bucket_key(decision.client_ip), counter, bucket],
+            args=[
+                decision.outcome,
+                "true" if decision.retrying else "false",
+                bucket_expiry,
+                settings.AUDIT_SUBMIT_BURST,
+                settings.AUDIT_SUBMIT_RATE_PER_MINUTE / 60,
+            ],
+            client=client or redis_client(),
+        )
+    except redis.RedisError as exc:
+        log.warning(
+            "admission.recount_failed",
+            extra={"client_ip": decision.client_ip, "error": exc.__class__.__name__},
+        )
+    _log_refusal(refused)
+    return refused
+
+
+def _log_refusal(decision: Decision) -> None:
+    # Counted by the scripts; the log line says what the refusal was measured against.
+    log.info(
+        "admission.refused",
+        extra={
+            "reason": decision.outcome, "client_ip": decision.client_ip,
+            "backlog": decision.backlog, "waiting": decision.waiting,
+            "retrying": decision.retrying, "running": decision.running,
+            "max_depth": decision.max_depth, "client_held": decision.client_held,
+            "client_share": decision.client_share,
+        },
+    )  # fmt: skip
 
 
 def admission_counts(client: redis.Redis | None = None) -> dict[str, int]:

@@ -7,11 +7,13 @@ its task id, for the reconciler to publish again.
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 from django.conf import settings
 from django.db import IntegrityError, connections, router, transaction
 
+from audits.admission import HOLDING_CTES, client_holding, client_share, holding_params
 from audits.models import Audit, Page
 from audits.tasks import enqueue_audit
 from jobs.sql import column, column_converters, converted, fetch_one
@@ -41,30 +43,63 @@ def _given_if_removed(field_name: str) -> str:
     return f"{name} = CASE WHEN {_REMOVED} THEN EXCLUDED.{name} ELSE {_P}.{name} END"
 
 
-PAGE_UPSERT_SQL = (
-    f"INSERT INTO {_P} ({_columns(PAGE_WRITTEN_FIELDS)}) "
-    f"VALUES ({', '.join(['%s'] * len(PAGE_WRITTEN_FIELDS))}) "
+_PAGE_INSERT = f"INSERT INTO {_P} ({_columns(PAGE_WRITTEN_FIELDS)}) "
+_PAGE_ON_CONFLICT = (
     f"ON CONFLICT ({column(Page, 'url')}) DO UPDATE SET "
     f"{column(Page, 'domain')} = EXCLUDED.{column(Page, 'domain')}, "
     f"{_given_if_removed('reaudit_nightly')}, {_given_if_removed('owner')}, "
     f"{column(Page, 'removed_at')} = NULL "
     f"RETURNING {', '.join(f'{_P}.{column(Page, field.name)}' for field in PAGE_FIELDS)}"
 )
-# A submission on PostgreSQL: the page's upsert and the audit's insert in one statement,
-# atomic on its own in autocommit (data-modifying CTEs run once, whether read or not), so
-# no BEGIN and no COMMIT either: one round trip where four were. The audit's page id is
-# the upsert's answer; the page comes back only with the audit inserted.
+PAGE_UPSERT_SQL = (
+    f"{_PAGE_INSERT}VALUES ({', '.join(['%s'] * len(PAGE_WRITTEN_FIELDS))}) {_PAGE_ON_CONFLICT}"
+)
 _A = f'"{Audit._meta.db_table}"'
-_AUDIT_VALUES = ", ".join(
-    f"(SELECT {column(Page, 'id')} FROM page)" if field.name == "page" else "%s"
-    for field in AUDIT_FIELDS
-)
-PAGE_AND_AUDIT_SQL = (
-    f"WITH page AS ({PAGE_UPSERT_SQL}), "
-    f"audit AS (INSERT INTO {_A} ({_columns(AUDIT_FIELDS)}) VALUES ({_AUDIT_VALUES}) "
-    f"RETURNING {_A}.{column(Audit, 'id')}) "
-    f"SELECT page.* FROM page CROSS JOIN audit"
-)
+
+
+class ClientShareHeld(Exception):
+    """The submitting client holds its share of the backlog (audits.admission.client_share)
+    or more: nothing was written."""
+
+    def __init__(self, held: int):
+        super().__init__(f"the client holds {held} of the backlog, its share")
+        self.held = held
+
+
+def _typed(field, connection) -> str:
+    """`field`'s parameter in a SELECT list, which has no column to take its type from (a
+    VALUES list does): cast to the column's type. Text goes as it is: a cast to varchar(n)
+    would cut it short, where the column refuses it whole."""
+    if field.get_internal_type() in ("CharField", "TextField"):
+        return "%s"
+    return f"CAST(%s AS {field.db_type(connection)})"
+
+
+@functools.cache
+def page_and_audit_sql(vendor: str) -> str:
+    """A submission on PostgreSQL: the client's holding, the page's upsert and the audit's
+    insert in one statement, atomic on its own in autocommit (data-modifying CTEs run once,
+    whether read or not), so no BEGIN and no COMMIT either. The page and the audit are
+    inserted only while the client holds less than its share (audits.admission.HOLDING_CTES,
+    the system's own work "" holding nothing), and the statement answers with what the
+    client held and, if inserted, the page. The audit's page id is the upsert's answer; the
+    page comes back only with the audit inserted. Written on first use from the columns'
+    types on the database that runs it."""
+    connection = connections[router.db_for_write(Audit)]
+    assert connection.vendor == vendor == "postgresql"
+    page_values = ", ".join(_typed(field, connection) for field in PAGE_WRITTEN_FIELDS)
+    audit_values = ", ".join(
+        f"page.{column(Page, 'id')}" if field.name == "page" else _typed(field, connection)
+        for field in AUDIT_FIELDS
+    )
+    return (
+        f"WITH {HOLDING_CTES[vendor]}, "
+        f"page AS ({_PAGE_INSERT}SELECT {page_values} FROM held WHERE held.entries < %s "
+        f"{_PAGE_ON_CONFLICT}), "
+        f"audit AS (INSERT INTO {_A} ({_columns(AUDIT_FIELDS)}) SELECT {audit_values} FROM page "
+        f"RETURNING {_A}.{column(Audit, 'id')}) "
+        f"SELECT held.entries, page.* FROM held LEFT JOIN (page CROSS JOIN audit) ON TRUE"
+    )
 
 
 def get_or_create_page(target: NormalizedURL, *, reaudit_nightly: bool = False, owner=None) -> Page:
@@ -101,11 +136,13 @@ def submit_audit(
     submission's cost ends with its audit. The `submitter` (a user, None when anonymous)
     owns a page it creates, and is the only one ever shown the audit's callback URL.
     `client` (audits.admission.client_key) is who the audit counts against until it
-    finishes.
+    finishes: a client holding its share of the backlog (admission.client_share) or more
+    gets ClientShareHeld, and nothing is written.
 
-    On PostgreSQL the page and the audit are one statement (PAGE_AND_AUDIT_SQL). SQLite
-    has no data-modifying CTE, and its statements are calls within this process, not
-    round trips: the page's upsert and the audit's insert, in one transaction.
+    On PostgreSQL the holding, the page and the audit are one statement
+    (page_and_audit_sql). SQLite has no data-modifying CTE, and its statements are calls
+    within this process, not round trips: the holding's read, the page's upsert and the
+    audit's insert, in one transaction.
     """
     reaudit_nightly = trusted and settings.REAUDIT_NEW_PAGES
     audit_fields = {"callback_url": callback_url, "callback_secret": callback_secret,
@@ -113,17 +150,27 @@ def submit_audit(
     connection = connections[router.db_for_write(Audit)]
     if connection.vendor != "postgresql":
         with transaction.atomic(using=connection.alias):
+            held = client_holding(client)
+            if held >= client_share():
+                raise ClientShareHeld(held)
             page = get_or_create_page(target, reaudit_nightly=reaudit_nightly, owner=submitter)
             audit, _ = create_and_enqueue_audit(
                 page, trigger=Audit.Trigger.SUBMITTED, **audit_fields
             )
         return audit
+    share = client_share()
     written = _new_page(target, reaudit_nightly=reaudit_nightly, owner=submitter)
     audit = _queued_audit(written, trigger=Audit.Trigger.SUBMITTED, **audit_fields)
-    values = [*_page_values(written, connection), *_audit_values(audit, connection)]
+    values = [
+        *holding_params(client, share), *_page_values(written, connection), share,
+        *_audit_values(audit, connection),
+    ]  # fmt: skip
     # Prepared: planning it cost more than running it (DECISIONS.md, "A submission on
     # PostgreSQL is one statement").
-    audit.page = _page_from_row(fetch_one(connection, PAGE_AND_AUDIT_SQL, values), connection)
+    held, *page_row = fetch_one(connection, page_and_audit_sql(connection.vendor), values)
+    if page_row[0] is None:
+        raise ClientShareHeld(min(held, share))
+    audit.page = _page_from_row(page_row, connection)
     audit._state.adding, audit._state.db = False, connection.alias
     # In autocommit the statement was its own transaction, so this publishes now; inside
     # a caller's transaction, once that commits.
@@ -187,7 +234,7 @@ def _page_values(page: Page, connection) -> list:
 
 
 def _audit_values(audit: Audit, connection) -> list:
-    """The parameters of PAGE_AND_AUDIT_SQL's audit: every column but its page's id."""
+    """The parameters of page_and_audit_sql's audit: every column but its page's id."""
     return [
         field.get_db_prep_save(field.pre_save(audit, add=True), connection)
         for field in AUDIT_FIELDS

@@ -252,22 +252,59 @@ def test_an_empty_bucket_is_refused_before_the_backlog_is_considered(limits, red
     assert 1 <= decision.retry_after <= 60
 
 
-def test_a_client_at_its_share_is_refused_before_the_backlog_and_takes_no_token(
+def test_an_admission_the_share_overturns_gives_its_token_back_and_is_counted_as_refused(
     limits, redis_client
 ):
+    # The submission's statement found the client at its share (audits.submission).
     limits.AUDIT_QUEUE_MAX_DEPTH = 30
     limits.AUDIT_CLIENT_MAX_SHARE = 0.1  # 3
-    assert admission.client_share() == 3
-    refused = admission.admit_submission("1.2.3.4", client_held=3)
+    admitted = admission.admit_submission("1.2.3.4")
+    assert admitted.admitted and admitted.client_share == 3
+    refused = admission.refuse_client(admitted, 3)
     assert (refused.outcome, refused.client_held, refused.client_share) == ("refused_client", 3, 3)
     assert 5 <= refused.retry_after <= 15
-    redis_client.lpush(AUDITS, *range(30))  # the backlog full too: the client's share says why
-    assert admission.admit_submission("1.2.3.4", client_held=3).outcome == "refused_client"
-    assert admission.admit_submission("1.2.3.4", client_held=2).outcome == "refused_backlog"
-    redis_client.delete(AUDITS)
-    # No token was taken by a refusal: the burst of two is all there.
-    outcomes = [admission.admit_submission("1.2.3.4", client_held=0).outcome for _ in range(3)]
+    counts = admission.admission_counts()
+    assert (counts["admitted"], counts["refused_client"]) == (0, 1)
+    minute = redis_client.hgetall(minute_key(minute_of(None)))
+    assert (int(minute[b"admissions:admitted"]), int(minute[b"admissions:refused_client"])) == (
+        0,
+        1,
+    )
+    # The token came back: the burst of two is all there.
+    outcomes = [admission.admit_submission("1.2.3.4").outcome for _ in range(3)]
     assert outcomes == ["admitted", "admitted", "refused_ip"]
+
+
+def test_a_backlog_refusal_the_share_explains_is_recounted_and_takes_no_token(limits, redis_client):
+    limits.AUDIT_QUEUE_MAX_DEPTH = 30
+    limits.AUDIT_CLIENT_MAX_SHARE = 0.1
+    redis_client.lpush(AUDITS, *range(30))
+    hold(redis_client, "in-backoff")
+    full = admission.admit_submission("1.2.3.4")
+    assert full.outcome == "refused_backlog"
+    assert admission.refuse_client(full, 3).outcome == "refused_client"
+    counts = admission.admission_counts()
+    assert (counts["refused_backlog"], counts["refused_client"]) == (0, 1)
+    assert (counts["refused_backlog_in_backoff"], counts["refused_client_in_backoff"]) == (0, 1)
+    redis_client.delete(AUDITS, "unacked:audits")
+    outcomes = [admission.admit_submission("1.2.3.4").outcome for _ in range(3)]
+    assert outcomes == ["admitted", "admitted", "refused_ip"]
+
+
+def test_a_token_given_back_never_fills_the_bucket_past_its_burst(limits, redis_client):
+    admitted = admission.admit_submission("1.2.3.4")
+    redis_client.delete(submit_bucket_key("1.2.3.4"))  # refilled meanwhile: full again
+    admission.refuse_client(admitted, 3)
+    outcomes = [admission.admit_submission("1.2.3.4").outcome for _ in range(3)]
+    assert outcomes == ["admitted", "admitted", "refused_ip"]
+
+
+def test_a_share_refusal_stands_when_its_recount_cannot_be_written(limits, caplog):
+    admitted = admission.admit_submission("1.2.3.4")
+    limits.REDIS_URL = "redis://127.0.0.1:9/0"
+    refused = admission.refuse_client(admitted, 3)
+    assert refused.outcome == "refused_client"
+    assert [r.getMessage() for r in caplog.records].count("admission.recount_failed") == 1
 
 
 def test_a_client_share_is_at_least_one(settings):

@@ -99,6 +99,25 @@ def test_a_client_beyond_its_share_answers_429_while_another_client_is_admitted(
     assert post_audit(api, "https://example.org/again").status_code == 202
 
 
+def test_a_client_holding_its_share_is_told_so_when_the_backlog_is_full_too(
+    api, settings, django_capture_on_commit_callbacks, redis_client
+):
+    settings.AUDIT_QUEUE_MAX_DEPTH = 20
+    settings.AUDIT_CLIENT_MAX_SHARE = 0.1  # two audits a client
+    for n in range(2):
+        submit_and_enqueue(api, django_capture_on_commit_callbacks, f"https://example.org/{n}")
+    redis_client.lpush("audits", *range(18))  # the backlog at its cap: 20
+
+    response = post_audit(api, "https://example.org/refused")
+    assert response.status_code == 429
+    assert (response.json()["error"], response.json()["held"]) == ("client_backlog_full", 2)
+    other = post_audit(api, "https://example.org/other", REMOTE_ADDR="192.0.2.9")
+    assert (other.status_code, other.json()["error"]) == (503, "backlog_full")
+    counts = admission_counts()
+    assert (counts["refused_client"], counts["refused_backlog"]) == (1, 1)
+    assert Audit.objects.count() == 2
+
+
 def test_a_client_is_its_user_when_authenticated_whatever_its_address(
     api, settings, django_user_model
 ):

@@ -15,10 +15,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from audits import admission, robots
+from audits import admission, robots, submission
 from audits.models import Audit, LinkCheck, Page, PreviousSuccess
 from audits.pages import audits_listed, change_counts
 from audits.services import claim_audit
+from outbound.urls import normalize_url
 from reaudit import services
 from reaudit.tasks import NIGHT_TASKS
 from tests.reaudit_factories import DAY, make_pages
@@ -235,13 +236,21 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
 
     assert admission.client_holding("ip:192.0.2.1") == 40 + 3
 
-    # The client, twice, and its share (the default, 100), as the statement takes them.
-    client = ["ip:192.0.2.1", "ip:192.0.2.1", "100"]
-    chosen = prepared_plan('"audits_audit"."client" = $1', client, plan_cache_mode)
+    # As the statement takes them (admission.holding_params): the client four times, and
+    # its share (the default, 100).
+    client = ["ip:192.0.2.1"] * 4 + ["100"]
+    chosen = prepared_plan("SELECT entries FROM held", client, plan_cache_mode)
     assert "audit_client_unfinished_idx" in chosen, chosen
     assert "Seq Scan on audits_audit" not in chosen, chosen
     if plan_cache_mode == "force_generic_plan":
         assert "Seq Scan on audits_linkcheck" not in chosen, chosen
+
+    # A submission reads the same holding inside its own statement (audits.submission).
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+    before = sequential_scans()
+    submission.submit_audit(normalize_url("http://127.0.0.1:9/b"), client="ip:192.0.2.1")
+    assert sequential_scans() == before
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
@@ -261,18 +270,25 @@ def test_a_client_holding_far_past_its_share_costs_its_submissions_no_more_than_
 
     with connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
-    checks_before = link_checks_read()
 
-    # 30 audits and 2,000 checks, read as its share.
-    assert admission.client_holding("ip:192.0.2.1") == 50
+    # 30 audits and 2,000 checks, read as its share: by the submission's own statement
+    # (refused), and by the holding's (a submission the backlog refused reads it too).
+    def submitting() -> None:
+        with pytest.raises(submission.ClientShareHeld) as refused:
+            submission.submit_audit(normalize_url("http://127.0.0.1:9/b"), client="ip:192.0.2.1")
+        assert refused.value.held == 50
 
-    # Through their index, and no more of them than the share: 2,000 without the LIMIT.
-    checks_after = link_checks_read()
-    seq_scans, fetched = (
-        after - before for after, before in zip(checks_after, checks_before, strict=True)
-    )
-    assert seq_scans == 0
-    assert 0 < fetched <= 50
+    for reading in (submitting, lambda: admission.client_holding("ip:192.0.2.1") == 50):
+        checks_before = link_checks_read()
+        assert reading() is not False
+        # Through their index, and no more of them than the share: 2,000 without the LIMIT.
+        checks_after = link_checks_read()
+        seq_scans, fetched = (
+            after - before for after, before in zip(checks_after, checks_before, strict=True)
+        )
+        assert seq_scans == 0
+        assert 0 < fetched <= 50
+    assert not Page.objects.filter(url="http://127.0.0.1:9/b").exists()
 
 
 def audits_checking_links(page: Page, clients: list[str], *, checks: int) -> None:
@@ -287,6 +303,16 @@ def audits_checking_links(page: Page, clients: list[str], *, checks: int) -> Non
          for n in range(checks)),
         batch_size=5000,
     )  # fmt: skip
+
+
+def sequential_scans() -> dict[str, int]:
+    """This transaction's sequential scans of the audits and of the link checks, so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE relname IN (%s, %s)",
+            ["audits_audit", "audits_linkcheck"],
+        )
+        return dict(cursor.fetchall())
 
 
 def link_checks_read() -> tuple[int, int]:
@@ -308,14 +334,18 @@ def test_a_client_s_holding_is_planned_once_for_every_client():
     Audit.objects.create(page=page, task_id="queued", client="ip:192.0.2.1")
     for n in range(6):
         admission.client_holding(f"ip:192.0.2.{n % 2 + 1}")
+        submission.submit_audit(
+            normalize_url(f"http://127.0.0.1:9/{n}"), client=f"ip:192.0.2.{n % 2 + 1}"
+        )
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE position(%s in statement) > 0",
-            ['"audits_audit"."client" = $1'],
+            ['"audits_audit"."client" = $2'],
         )
-        assert cursor.fetchall() == [(6, 0)]
+        # The holding's statement and the submission's.
+        assert cursor.fetchall() == [(6, 0), (6, 0)]
 
 
 def test_an_attempt_s_statements_are_planned_once_per_connection():

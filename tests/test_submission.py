@@ -122,18 +122,38 @@ def test_a_removed_page_comes_back_with_its_history_as_its_new_submitter_chose(a
 
 
 @pytest.mark.django_db
-def test_a_submission_writes_its_rows_in_one_statement_on_postgresql_two_on_sqlite():
-    submit("https://example.org/known")
+def test_a_submission_writes_its_rows_in_one_statement_on_postgresql_three_on_sqlite():
+    # Its client's holding, its page and its audit.
+    submit("https://example.org/known", client="ip:192.0.2.1")
     for url in (URL, "https://example.org/known"):
         with CaptureQueriesContext(connection) as queries:
-            submit(url)
+            submit(url, client="ip:192.0.2.1")
         # The test's own transaction makes SQLite's a savepoint.
         statements = [
             query["sql"]
             for query in queries.captured_queries
             if not query["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
         ]
-        assert len(statements) == (1 if connection.vendor == "postgresql" else 2), statements
+        assert len(statements) == (1 if connection.vendor == "postgresql" else 3), statements
+
+
+@pytest.mark.django_db
+def test_a_client_holding_its_share_gets_nothing_written(settings):
+    settings.AUDIT_QUEUE_MAX_DEPTH, settings.AUDIT_CLIENT_MAX_SHARE = 20, 0.1  # two each
+    for n in range(2):
+        submit(f"https://example.org/{n}", client="ip:192.0.2.1")
+    with pytest.raises(submission.ClientShareHeld) as refused:
+        submit("https://example.org/refused", client="ip:192.0.2.1")
+    assert refused.value.held == 2
+    assert not Page.objects.filter(url="https://example.org/refused").exists()
+    assert Audit.objects.count() == 2
+    # Another client has its own share; the system's own work ("") holds none.
+    submit("https://example.org/other", client="ip:192.0.2.2")
+    for n in range(3):
+        submit(f"https://example.org/night/{n}")
+    # Once its audits finish, the client holds nothing.
+    Audit.objects.filter(client="ip:192.0.2.1").update(status=Audit.Status.SUCCEEDED)
+    submit("https://example.org/refused", client="ip:192.0.2.1")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -52,12 +52,12 @@ class AuditPagination(PageNumberPagination):
     max_page_size = 100
 
 
-def admit(request, client: str) -> None:
-    """Raise the refusal for this submission from `client` (admission.client_key), if it
-    is refused; nothing is written first."""
+def admit(request, client: str) -> admission.Decision:
+    """The admission of this submission from `client` (admission.client_key) by its
+    bucket and the backlog; raise its refusal, if it is refused. Nothing is written."""
     ip = admission.client_ip(request.META, trusted_proxy_count=settings.TRUSTED_PROXY_COUNT)
     try:
-        decision = admission.admit_submission(ip, client_held=admission.client_holding(client))
+        decision = admission.admit_submission(ip)
     except admission.AdmissionUnavailable:
         raise ServiceUnavailable(
             "Submissions cannot be checked against the queue right now; nothing was "
@@ -67,20 +67,27 @@ def admit(request, client: str) -> None:
         ) from None
     if decision.outcome == admission.REFUSED_IP:
         raise Throttled(wait=decision.retry_after, detail="Too many submissions from this address.")
-    if decision.outcome == admission.REFUSED_CLIENT:
-        raise ClientBacklogFull(
-            "Your audits already hold your share of the backlog; nothing was written. "
-            "Try again once some of them have finished.",
-            retry_after=decision.retry_after,
-            extra={"held": decision.client_held, "share": decision.client_share},
-        )
     if decision.outcome == admission.REFUSED_BACKLOG:
+        # A client holding its share is told so, full backlog or not: it is its own wait.
+        held = admission.client_holding(client)
+        if held >= decision.client_share:
+            raise client_backlog_full(admission.refuse_client(decision, held))
         raise ServiceUnavailable(
             "The audit backlog is full; nothing was written. Try again later.",
             code="backlog_full",
             retry_after=decision.retry_after,
             extra={"backlog": decision.backlog, "max_depth": decision.max_depth},
         )
+    return decision
+
+
+def client_backlog_full(refused: admission.Decision) -> ClientBacklogFull:
+    return ClientBacklogFull(
+        "Your audits already hold your share of the backlog; nothing was written. "
+        "Try again once some of them have finished.",
+        retry_after=refused.retry_after,
+        extra={"held": refused.client_held, "share": refused.client_share},
+    )
 
 
 class AuditCollectionView(APIView):
@@ -99,16 +106,19 @@ class AuditCollectionView(APIView):
         submitted = AuditSubmissionSerializer(data=request.data)
         submitted.is_valid(raise_exception=True)
         client = admission.client_key(request)
-        admit(request, client)
+        decision = admit(request, client)
         data = submitted.validated_data
-        audit = submission.submit_audit(
-            data["url"],
-            client=client,
-            callback_url=data.get("callback_url", ""),
-            callback_secret=data.get("callback_secret", ""),
-            trusted=is_trusted(request),
-            submitter=caller(request),
-        )
+        try:
+            audit = submission.submit_audit(
+                data["url"],
+                client=client,
+                callback_url=data.get("callback_url", ""),
+                callback_secret=data.get("callback_secret", ""),
+                trusted=is_trusted(request),
+                submitter=caller(request),
+            )
+        except submission.ClientShareHeld as over:
+            raise client_backlog_full(admission.refuse_client(decision, over.held)) from None
         body = AuditSerializer(audit, context={"request": request, "submitted": True}).data
         return Response(
             body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["links"]["self"]}
