@@ -262,17 +262,19 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
     }
     orders = list(itertools.permutations(modes))
     latencies: dict[str, list[float]] = {mode: [] for mode in modes}
+    # The request's CPU: the test client runs the whole request in this thread.
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
 
-    def post(n: int) -> float:
-        started = time.perf_counter()
+    def post(n: int) -> tuple[float, float]:
+        started, started_cpu = time.perf_counter(), time.thread_time()
         response = http.post(
             "/api/audits",
             data=json.dumps({"url": f"https://bench.example/{n}"}),
             content_type="application/json",
         )
-        elapsed = time.perf_counter() - started
+        elapsed, used = time.perf_counter() - started, time.thread_time() - started_cpu
         assert response.status_code == 202, response.content[:300]
-        return elapsed
+        return elapsed, used
 
     try:
         for n in range(-300, requests):  # the first 300: warm-up, not recorded
@@ -280,9 +282,10 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
             # off ran slower than its mode's others, whichever mode it was.
             mode = orders[(n // len(modes)) % len(orders)][n % len(modes)]
             views.admit, admission.client_key = modes[mode]
-            elapsed = post(n)
+            elapsed, used = post(n)
             if n >= 0:
                 latencies[mode].append(elapsed)
+                cpu[mode].append(used)
             if n % 500 == 0:
                 client.delete(*QUEUE_KEYS)
             if n % 100 == 0:
@@ -301,6 +304,7 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
         "cost": 1 - rate["on"] / rate["off"],
         "cost_before": 1 - rate["before"] / rate["off"],
         "median_ms": {mode: statistics.median(values) * 1e3 for mode, values in latencies.items()},
+        "cpu_us": {mode: statistics.fmean(values) * 1e6 for mode, values in cpu.items()},
         "requests": requests,
     }
 
@@ -556,6 +560,12 @@ def report(costs: dict, throughput: dict, outage: dict, holding: dict) -> str:
         f"off {throughput['off']:.0f} req/s; admission costs {throughput['cost'] * 100:.1f} % "
         f"of throughput (as before: {throughput['cost_before'] * 100:.1f} %); median latency "
         f"{median['on']:.2f} ms on, {median['before']:.2f} ms as before, {median['off']:.2f} ms off"
+    )
+    used = throughput["cpu_us"]
+    lines.append(
+        f"\nCPU a request (mean, the request's thread): {used['on']:,.0f} us on, "
+        f"{used['before']:,.0f} us as before, {used['off']:,.0f} us off; admission's own "
+        f"{used['on'] - used['off']:,.0f} us (as before: {used['before'] - used['off']:,.0f} us)"
     )
     lines += ["", "## What a client holds (median microseconds per call)", ""]
     lines.append(
