@@ -409,7 +409,7 @@ class Audit(JobRow):
                 condition=models.Q(status="succeeded"),
                 name="audit_page_success_idx",
             ),
-            # A client's unfinished audits (audits.admission.client_holding): one probe on
+            # A client's unfinished audits (audits.admission.HOLDING_CTES): one probe on
             # every submission, over the few rows still owed, never the finished history.
             models.Index(
                 fields=["client", "status"],
