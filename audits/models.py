@@ -87,15 +87,17 @@ class Page(models.Model):
             models.Index(fields=["reaudit_nightly", "id"], name="page_reaudit_idx"),
             # The pages changed (or worse) since a moment: the listing's filter and the
             # dashboard's counts read only the pages found so, whatever the planner's
-            # statistics say (DECISIONS.md, "Pages changed and worse are counted").
+            # statistics say (DECISIONS.md, "Pages changed and worse are counted"). Only
+            # pages with the timestamp: neither index is then a candidate for the other's
+            # count, which with no statistics it could be planned as a walk of.
             models.Index(
                 fields=["last_changed_at"],
-                condition=models.Q(removed_at=None),
+                condition=models.Q(removed_at=None, last_changed_at__isnull=False),
                 name="page_changed_idx",
             ),
             models.Index(
                 fields=["last_worse_at"],
-                condition=models.Q(removed_at=None),
+                condition=models.Q(removed_at=None, last_worse_at__isnull=False),
                 name="page_worse_idx",
             ),
         ]
