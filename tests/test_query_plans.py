@@ -251,9 +251,10 @@ def test_a_client_s_holding_is_counted_from_its_unfinished_audits_index(
     # A submission reads the same holding inside its own statement (audits.submission).
     with connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
-    before = sequential_scans()
+    tables = ("audits_audit", "audits_linkcheck")
+    scans_before = [table_reads(table)[0] for table in tables]
     submission.submit_audit(normalize_url("http://127.0.0.1:9/b"), client="ip:192.0.2.1")
-    assert sequential_scans() == before
+    assert [table_reads(table)[0] for table in tables] == scans_before
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
@@ -285,10 +286,10 @@ def test_a_client_holding_far_past_its_share_costs_its_submissions_no_more_than_
         assert admission.client_holding("ip:192.0.2.1") == 50
 
     for read in (submitting, reading_the_holding):
-        checks_before = link_checks_read()
+        checks_before = table_reads("audits_linkcheck")
         read()
         # Through their index, and no more of them than the share: 2,000 without the LIMIT.
-        checks_after = link_checks_read()
+        checks_after = table_reads("audits_linkcheck")
         seq_scans, fetched = (
             after - before for after, before in zip(checks_after, checks_before, strict=True)
         )
@@ -311,23 +312,13 @@ def audits_checking_links(page: Page, clients: list[str], *, checks: int) -> Non
     )  # fmt: skip
 
 
-def sequential_scans() -> dict[str, int]:
-    """This transaction's sequential scans of the audits and of the link checks, so far."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE relname IN (%s, %s)",
-            ["audits_audit", "audits_linkcheck"],
-        )
-        return dict(cursor.fetchall())
-
-
-def link_checks_read() -> tuple[int, int]:
-    """This transaction's sequential scans of the link checks, and the rows its index
-    scans fetched from them, so far (PostgreSQL's statistics of the transaction)."""
+def table_reads(table: str) -> tuple[int, int]:
+    """This transaction's sequential scans of `table`, and the rows its index scans fetched
+    from it, so far (PostgreSQL's statistics of the transaction)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = %s",
-            ["audits_linkcheck"],
+            [table],
         )
         return cursor.fetchone()
 
