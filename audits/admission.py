@@ -71,7 +71,9 @@ SUBMIT_BUCKET_PREFIX = "ratelimit:submit:"
 # the clients refused together from all coming back in the same second.
 BACKLOG_RETRY_AFTER_SECONDS = (5, 15)
 
-# Lua functions; the scripts that use them (_ADMIT below) define `now`.
+# Lua functions; the scripts that use them (_ADMIT, _REFUSE_CLIENT below) define `now`.
+# A bucket holds `tokens` as of `at`, and expires once it would have refilled to the burst
+# (a bucket that is not there is full).
 TOKEN_BUCKET_LUA = """
 local function bucket_tokens(key, now, burst, per_second)
   local state = redis.call('HMGET', key, 'tokens', 'at')
@@ -80,10 +82,13 @@ local function bucket_tokens(key, now, burst, per_second)
   return math.min(burst, tokens + math.max(0, now - at) * per_second)
 end
 
+local function bucket_set(key, now, tokens, burst, per_second)
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'at', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil((burst - tokens) / per_second * 1000))
+end
+
 local function bucket_take(key, now, tokens, burst, per_second)
-  local left = tokens - 1
-  redis.call('HSET', key, 'tokens', tostring(left), 'at', tostring(now))
-  redis.call('PEXPIRE', key, math.ceil((burst - left) / per_second * 1000))
+  bucket_set(key, now, tokens - 1, burst, per_second)
 end
 
 local function bucket_wait(tokens, per_second)
@@ -146,9 +151,8 @@ local decision, in_backoff, expiry = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if decision == 'admitted' then
   local burst, per_second = tonumber(ARGV[4]), tonumber(ARGV[5])
   local now = redis_now()
-  local tokens = math.min(burst, bucket_tokens(KEYS[1], now, burst, per_second) + 1)
-  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-  redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / per_second * 1000))
+  local tokens = bucket_tokens(KEYS[1], now, burst, per_second)
+  bucket_set(KEYS[1], now, math.min(burst, tokens + 1), burst, per_second)
 end
 count_decision(decision, in_backoff, -1, expiry)
 count_decision('refused_client', in_backoff, 1, expiry)
