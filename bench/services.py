@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -60,16 +61,21 @@ def ensure_database(url: str | None = None) -> None:
             print(f"created database {name}")
 
 
+def folder_until_exit(prefix: str) -> Path:
+    """A new temporary folder, removed when the bench exits (after it has stopped the
+    servers that wrote there; a persistent server's file is kept across its restarts)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def start_redis():
     """(process or None, url): REDIS_URL if set, else a redis-server of our own."""
     url = os.environ.get("REDIS_URL")
     if url:
         return None, url
     port = devservices.free_port()
-    folder = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
-    process = devservices.start_redis(port, folder)
-    # Its folder goes when the bench exits (after the bench has stopped the server).
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    process = devservices.start_redis(port, folder_until_exit("plumb-bench-redis-"))
     return process, f"redis://127.0.0.1:{port}/0"
 
 
@@ -85,9 +91,7 @@ class PrivateRedis:
 
     def __init__(self, *, persistent: bool = False):
         self.port = devservices.free_port()
-        self.data_dir = Path(tempfile.mkdtemp(prefix="plumb-bench-redis-"))
-        # Kept across restarts (a persistent server's file); gone when the process exits.
-        atexit.register(shutil.rmtree, self.data_dir, ignore_errors=True)
+        self.data_dir = folder_until_exit("plumb-bench-redis-")
         self.process: subprocess.Popen | None = None
         self.extra_args = ("--appendonly", "yes", "--appendfsync", "always") if persistent else ()
 
@@ -123,9 +127,7 @@ class SentinelRedis:
     faults as PrivateRedis plus a failover."""
 
     def __init__(self):
-        folder = Path(tempfile.mkdtemp(prefix="plumb-bench-sentinel-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        self.group = devservices.SentinelGroup(folder)
+        self.group = devservices.SentinelGroup(folder_until_exit("plumb-bench-sentinel-"))
 
     def stack_env(self) -> dict[str, str]:
         return self.group.env()
@@ -168,8 +170,9 @@ def create_database(*, sqlite_fallback: bool = True):
     if url is None or not url.startswith(("postgres://", "postgresql://")):
         if not sqlite_fallback:
             raise SystemExit("this benchmark needs PostgreSQL: set DATABASE_URL=postgres://...")
-        path = Path(tempfile.mkdtemp(prefix="plumb-bench-db-")) / "bench.sqlite3"
-        return f"sqlite:///{path}", lambda: None
+        folder = Path(tempfile.mkdtemp(prefix="plumb-bench-db-"))
+        drop = partial(shutil.rmtree, folder, ignore_errors=True)
+        return f"sqlite:///{folder / 'bench.sqlite3'}", drop
 
     name = f"plumb_bench_{uuid.uuid4().hex[:8]}"
     with _server_connection(url) as connection:
