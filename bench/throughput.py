@@ -298,6 +298,16 @@ def web_server(env: dict) -> tuple[str, int]:
     return command, threads
 
 
+def server_pids(redis_url: str, database_url: str) -> dict[str, int]:
+    """The servers a stack talks to that run on this machine, by role: Redis, and
+    PostgreSQL's postmaster (SQLite runs inside the stack's own processes). A server
+    elsewhere is left out: the id it reports is no process of that name here."""
+    found = {"Redis": (redis_server_pid(redis_url), "redis-server")}
+    if not database_url.startswith("sqlite"):
+        found["database server"] = (postgres_server_pid(database_url), "postgres")
+    return {role: pid for role, (pid, command) in found.items() if pid in pids_named(command)}
+
+
 class Stack:
     """Plumb's web and audits worker, as `make run` starts them from `checkout` (this one,
     or another commit's worktree run with this one's virtualenv), on a fresh database."""
@@ -342,13 +352,7 @@ class Stack:
                      message=f"the audits worker {name}")  # fmt: skip
 
     def server_pids(self) -> dict[str, int]:
-        """The servers this stack talks to that run on this machine, by role: Redis, and
-        PostgreSQL's postmaster (SQLite runs inside the stack's own processes). A server
-        elsewhere is left out: the id it reports is no process of that name here."""
-        found = {"Redis": (redis_server_pid(self.redis_url), "redis-server")}
-        if not self.database_url.startswith("sqlite"):
-            found["database server"] = (postgres_server_pid(self.database_url), "postgres")
-        return {role: pid for role, (pid, command) in found.items() if pid in pids_named(command)}
+        return server_pids(self.redis_url, self.database_url)
 
     def submit(self, urls: list[str]) -> tuple[float, float]:
         return submit(self.api, urls)
@@ -514,9 +518,9 @@ def submissions(args, site: str, logs: Path, redis_url: str, round_index: int = 
         measured[stack] = plumb_submissions(args, site, logs, redis_url, checkout=checkout)
     view = ReferenceView(args, redis_url, logs, queue="reference")
     try:
-        submit(view.api, spread(site, "warm", 50))
-        started, ended = submit(view.api, spread(site, "ref", args.count))
-        measured["reference"] = {"per_second": args.count / (ended - started)}
+        measured["reference"] = submission_costs(
+            view.api, view.web, server_pids(redis_url, view.database), site, args.count
+        )
     finally:
         view.stop()
         redis.Redis.from_url(redis_url).flushdb()
@@ -526,19 +530,37 @@ def submissions(args, site: str, logs: Path, redis_url: str, round_index: int = 
 def plumb_submissions(
     args, site: str, logs: Path, redis_url: str, *, checkout: Path = ROOT
 ) -> dict:
-    """Plumb's web from `checkout` taking `args.count` submissions: their rate, and the web
-    process's CPU per submission (from /proc, its workers included)."""
+    """Plumb's web from `checkout` taking `args.count` submissions (submission_costs)."""
     stack = Stack(args, logs, redis_url, checkout)
     try:
         stack.start_web()
-        stack.submit(spread(site, "warm", 50))
-        cpu_before = cpu_seconds([stack.web])
-        started, ended = stack.submit(spread(site, "submit", args.count))
-        cpu_ms = (cpu_seconds([stack.web]) - cpu_before) * 1000 / args.count
+        return submission_costs(stack.api, stack.web, stack.server_pids(), site, args.count)
     finally:
         stack.stop()
         redis.Redis.from_url(redis_url).flushdb()
-    return {"per_second": args.count / (ended - started), "web_cpu_ms_per_submission": cpu_ms}
+
+
+def submission_costs(
+    api: str, web: SessionProcess, servers: dict[str, int], site: str, count: int
+) -> dict:
+    """`count` submissions to `api` after 50 to warm it: their rate, and what each cost in
+    CPU, from /proc: the web process (its workers included), each server of this machine
+    it talks to (`servers`: Redis, PostgreSQL) and the whole machine (the bench's client
+    threads too)."""
+    submit(api, spread(site, "warm", 50))
+    web_before = cpu_seconds([web])
+    servers_before = {name: server_cpu_seconds(pid) for name, pid in servers.items()}
+    busy_before = machine_busy_seconds()
+    started, ended = submit(api, spread(site, "submit", count))
+    return {
+        "per_second": count / (ended - started),
+        "web_cpu_ms_per_submission": (cpu_seconds([web]) - web_before) * 1000 / count,
+        "server_cpu_ms_per_submission": {
+            name: (server_cpu_seconds(pid) - servers_before[name]) * 1000 / count
+            for name, pid in servers.items()
+        },
+        "machine_cpu_ms_per_submission": (machine_busy_seconds() - busy_before) * 1000 / count,
+    }
 
 
 def plain_celery_over_http(args, site: str, logs: Path, redis_url: str) -> dict:
@@ -584,6 +606,13 @@ def rounds_row(measure: str, rounds: list[dict], reference: str, name: str, goal
     return (measure, median(plumb), f"{name} {median(against):.0f}/s", median(ratios), goal, each)
 
 
+def submission_cpu(costs: dict) -> str:
+    """A submission's CPU in ms, one figure per process: "web 2.90, Redis 0.13, ..."."""
+    parts = {"web": costs["web_cpu_ms_per_submission"], **costs["server_cpu_ms_per_submission"],
+             "the machine in all": costs["machine_cpu_ms_per_submission"]}  # fmt: skip
+    return ", ".join(f"{name} {ms:.2f}" for name, ms in parts.items())
+
+
 def report(results: dict, args) -> None:
     rows = []
     references = {
@@ -622,13 +651,11 @@ def report(results: dict, args) -> None:
             f"| {measure:<44} | {value:7.1f} | {against:<34} | {ratio:.2f}x | {goal:<7} | {''.join(each)} |"
         )
     for n, measured in enumerate(results.get("submit", []), start=1):
-        line = (f"submit round {n}: {measured['plumb']['per_second']:.1f}/s, web CPU "
-                f"{measured['plumb']['web_cpu_ms_per_submission']:.2f} ms a submission")  # fmt: skip
-        if "baseline" in measured:
-            old = measured["baseline"]
-            line += (f"; {args.baseline} {old['per_second']:.1f}/s, "
-                     f"{old['web_cpu_ms_per_submission']:.2f} ms")  # fmt: skip
-        print(f"{line}; minimal view {measured['reference']['per_second']:.1f}/s")
+        names = {"plumb": "Plumb", "baseline": str(args.baseline), "reference": "minimal view"}
+        print(f"submit round {n}: " + "; ".join(
+            f"{names[stack]} {measured[stack]['per_second']:.1f}/s, CPU ms a submission: "
+            + submission_cpu(measured[stack]) for stack in names if stack in measured
+        ))  # fmt: skip
     for phase in ("fast", "slow"):
         baseline = [r for r in results.get(phase, []) if "baseline" in r]
         if baseline:
