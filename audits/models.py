@@ -37,8 +37,11 @@ class PageQuerySet(models.QuerySet):
 class Page(models.Model):
     """A URL Plumb knows about, stored normalized so each page is one row."""
 
-    url = models.CharField(max_length=2048, unique=True)
-    domain = models.CharField(max_length=255, db_index=True)
+    # Unique and indexed through Meta: a field's own `unique` or `db_index` makes Django add
+    # a second index on PostgreSQL, for LIKE, that nothing reads (DECISIONS.md, "No index
+    # for LIKE").
+    url = models.CharField(max_length=2048)
+    domain = models.CharField(max_length=255)
     # The page's id in every URL and payload: random, so holding one is no hint of another
     # (the integer primary key stays internal: foreign keys, the nightly slices).
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -83,7 +86,9 @@ class Page(models.Model):
 
     class Meta:
         ordering = ["url"]
+        constraints = [models.UniqueConstraint(fields=["url"], name="audits_page_url_key")]
         indexes = [
+            models.Index(fields=["domain"], name="audits_page_domain_444f01eb"),
             models.Index(fields=["reaudit_nightly", "id"], name="page_reaudit_idx"),
             # The pages changed (or worse) since a moment: the listing's filter and the
             # dashboard's counts read only the pages found so, whatever the planner's
@@ -550,7 +555,7 @@ class SharedLink(JobRow):
         RUNNING = "running"
         WAITING = "waiting"
 
-    url = models.CharField(max_length=2048, unique=True)
+    url = models.CharField(max_length=2048)  # unique through Meta (Page.url says why)
     # The outcome: LinkCheck.Status values ("" until first checked).
     status = models.CharField(max_length=24, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -568,6 +573,7 @@ class SharedLink(JobRow):
     )
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["url"], name="audits_sharedlink_url_key")]
         indexes = [
             # The prune walks links by when they were last checked (audits.retention).
             models.Index(fields=["checked_at", "id"], name="shared_link_checked_idx"),
@@ -607,7 +613,7 @@ class RobotsTxt(models.Model):
     once per ROBOTS_FRESH_SECONDS (ROBOTS_UNREACHABLE_SECONDS when it could not be), by
     the one worker whose claim (`claim_token`, until `claimed_until`) took the stale row."""
 
-    origin = models.CharField(max_length=2048, unique=True)
+    origin = models.CharField(max_length=2048)  # unique through Meta (Page.url says why)
     # outbound.integrations.robots: rules, unavailable (all allowed), unreachable (none); "" unread.
     availability = models.CharField(max_length=16, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -627,6 +633,9 @@ class RobotsTxt(models.Model):
     class Meta:
         verbose_name = "robots.txt"
         verbose_name_plural = "robots.txt files"
+        constraints = [
+            models.UniqueConstraint(fields=["origin"], name="audits_robotstxt_origin_key")
+        ]
         indexes = [
             # The prune walks the rows stale longest first (audits.retention).
             models.Index(fields=["fresh_until", "id"], name="robots_txt_fresh_until_idx"),
@@ -724,11 +733,15 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100, help_text="What the token is for.")
     # The token's first characters, so an operator can tell tokens apart.
     prefix = models.CharField(max_length=16, editable=False)
-    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # Unique through Meta (Page.url says why).
+    key_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         verbose_name = "API token"
+        constraints = [
+            models.UniqueConstraint(fields=["key_hash"], name="audits_apitoken_key_hash_key")
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

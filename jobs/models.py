@@ -41,7 +41,8 @@ class DeadLetter(models.Model):
         MALFORMED = "malformed", "malformed message"
 
     task_name = models.CharField(max_length=255, blank=True)
-    task_id = models.CharField(max_length=255, blank=True, db_index=True)
+    # Indexed through Meta (audits.models.Page.url says why).
+    task_id = models.CharField(max_length=255, blank=True)
     queue = models.CharField(max_length=255, blank=True)
     # None when the message body could not be decoded; `raw_message` has it then.
     args = models.JSONField(null=True, blank=True)
@@ -68,6 +69,7 @@ class DeadLetter(models.Model):
                 fields=["task_name", "last_failed_at", "id"], name="deadletter_task_failed_idx"
             ),
             models.Index(fields=["replayed_at", "-last_failed_at"], name="deadletter_replayed_idx"),
+            models.Index(fields=["task_id"], name="deadletter_task_id_idx"),
         ]
 
     def __str__(self) -> str:

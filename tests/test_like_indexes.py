@@ -1,0 +1,111 @@
+"""No index for LIKE on Plumb's tables (DECISIONS.md, "No index for LIKE"): on PostgreSQL a
+field's own `unique` or `db_index` makes Django add one beside the real index, which no
+query reads and every insert writes. Uniqueness and lookups keep their own indexes."""
+
+from __future__ import annotations
+
+import pytest
+from django.apps import apps
+from django.db import IntegrityError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+
+from audits.models import Page, SharedLink
+
+PLUMB_APPS = ("audits", "jobs", "ratelimit", "reaudit", "webhooks", "observability")
+BEFORE = [
+    ("audits", "0023_page_timestamp_indexes_only_stamped"),
+    ("jobs", "0006_breaker_changed_index"),
+]
+AFTER = [("audits", "0024_no_pattern_indexes"), ("jobs", "0007_dead_letter_task_id_index_in_meta")]
+
+PATTERN_INDEXES = """
+SELECT tbl.relname, index.relname FROM pg_index
+JOIN pg_class AS index ON index.oid = pg_index.indexrelid
+JOIN pg_class AS tbl ON tbl.oid = pg_index.indrelid
+WHERE tbl.relname = ANY (%s) AND pg_table_is_visible(tbl.oid)
+  AND EXISTS (SELECT 1 FROM pg_opclass WHERE pg_opclass.oid = ANY (pg_index.indclass::oid[])
+              AND pg_opclass.opcname IN ('varchar_pattern_ops', 'text_pattern_ops'))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL's backend makes indexes for LIKE")
+
+
+def plumb_tables() -> list[str]:
+    return [
+        model._meta.db_table
+        for name in PLUMB_APPS
+        if apps.is_installed(name)
+        for model in apps.get_app_config(name).get_models()
+    ]
+
+
+def pattern_indexes() -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(PATTERN_INDEXES, [plumb_tables()])
+        return sorted(cursor.fetchall())
+
+
+def migrate(targets) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+
+
+@pytest.mark.django_db
+def test_no_table_of_plumb_has_an_index_for_like():
+    assert plumb_tables()
+    assert pattern_indexes() == []
+
+
+@pytest.mark.django_db
+def test_urls_are_still_unique():
+    Page.objects.create(url="https://example.test/", domain="example.test")
+    SharedLink.objects.create(url="https://example.test/")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Page.objects.create(url="https://example.test/", domain="example.test")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        SharedLink.objects.create(url="https://example.test/")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_drops_them_and_keeps_the_unique_indexes():
+    try:
+        # Built again from nothing up to the release before, as an old deployment's were:
+        # migrating back alone leaves no index for LIKE to find.
+        migrate([("audits", None), ("jobs", None)])
+        migrate(BEFORE)
+        before = pattern_indexes()
+        migrate(AFTER)
+        after = pattern_indexes()
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    # Each table's name, one per index: the page's URL and domain, a distinct link's URL,
+    # an origin, a token's hash and a dead letter's task id.
+    assert [table for table, _ in before] == [
+        "audits_apitoken",
+        "audits_page",
+        "audits_page",
+        "audits_robotstxt",
+        "audits_sharedlink",
+        "jobs_deadletter",
+    ]
+    assert after == []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'u' AND conrelid::regclass::text"
+            " IN ('audits_page', 'audits_sharedlink', 'audits_robotstxt', 'audits_apitoken')"
+        )
+        unique = sorted(name for (name,) in cursor.fetchall())
+    assert unique == [
+        "audits_apitoken_key_hash_key",
+        "audits_page_public_id_9417b147_uniq",
+        "audits_page_url_key",
+        "audits_robotstxt_origin_key",
+        "audits_sharedlink_url_key",
+    ]
