@@ -407,8 +407,14 @@ class Audit(JobRow):
             models.Index(fields=["status", "-created_at"], name="audit_status_created_idx"),
             models.Index(fields=["trigger", "-created_at"], name="audit_trigger_created_idx"),
             models.Index(fields=["page", "-created_at"], name="audit_page_created_idx"),
-            # A client's own audits, newest first (GET /api/audits).
-            models.Index(fields=["submitter", "-created_at"], name="audit_submitter_created_idx"),
+            # A client's own audits, newest first (GET /api/audits): only audits someone
+            # submitted, so the nightly re-audits (no submitter) never write it (DECISIONS.md,
+            # "The submitter's index holds submitted audits only").
+            models.Index(
+                fields=["submitter", "-created_at"],
+                condition=models.Q(submitter__isnull=False),
+                name="audit_submitter_created_idx",
+            ),
             # A finish's lookup of the page's previous success: one probe, whatever the
             # planner's statistics say (DECISIONS.md, "An audit's previous success").
             models.Index(

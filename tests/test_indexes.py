@@ -1,6 +1,11 @@
-"""No index for LIKE on Plumb's tables (DECISIONS.md, "No index for LIKE"): on PostgreSQL a
-field's own `unique` or `db_index` makes Django add one beside the real index, which no
-query reads and every insert writes. Uniqueness and lookups keep their own indexes."""
+"""Plumb's indexes hold what its queries read (PostgreSQL: the plans are tests/test_query_plans.py).
+
+No index for LIKE (DECISIONS.md, "No index for LIKE"): a field's own `unique` or
+`db_index` makes Django add one beside the real index, which no query reads and every
+insert writes. Uniqueness and lookups keep their own indexes. And the submitter's index
+holds submitted audits only ("The submitter's index holds submitted audits only"): the
+nightly re-audits have no submitter and no listing reads them through it.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ from django.apps import apps
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from audits.models import Page, SharedLink
+from audits.models import Audit, Page, SharedLink
 
 PLUMB_APPS = ("audits", "jobs", "ratelimit", "reaudit", "webhooks", "observability")
 BEFORE = [
     ("audits", "0023_page_timestamp_indexes_only_stamped"),
     ("jobs", "0006_breaker_changed_index"),
 ]
+SUBMITTER_INDEX = "audit_submitter_created_idx"
 AFTER = [("audits", "0024_no_pattern_indexes"), ("jobs", "0007_dead_letter_task_id_index_in_meta")]
 
 PATTERN_INDEXES = """
@@ -31,7 +37,7 @@ WHERE tbl.relname = ANY (%s) AND pg_table_is_visible(tbl.oid)
 @pytest.fixture(autouse=True)
 def _postgresql_only():
     if connection.vendor != "postgresql":
-        pytest.skip("only PostgreSQL's backend makes indexes for LIKE")
+        pytest.skip("PostgreSQL's indexes")
 
 
 def plumb_tables() -> list[str]:
@@ -53,6 +59,28 @@ def migrate(targets) -> None:
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(targets)
+
+
+def migrate_to_latest() -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def index_definitions(prefix: str) -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
+            " WHERE indexrelid::regclass::text LIKE %s",
+            [prefix + "%"],
+        )
+        return dict(cursor.fetchall())
+
+
+def index_bytes(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size(%s::regclass)", [name])
+        return cursor.fetchone()[0]
 
 
 @pytest.mark.django_db
@@ -82,9 +110,7 @@ def test_an_upgrade_drops_them_and_keeps_the_unique_indexes():
         migrate(AFTER)
         after = pattern_indexes()
     finally:
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
+        migrate_to_latest()
     # Each table's name, one per index: the page's URL and domain, a distinct link's URL,
     # an origin, a token's hash and a dead letter's task id.
     assert [table for table, _ in before] == [
@@ -109,3 +135,42 @@ def test_an_upgrade_drops_them_and_keeps_the_unique_indexes():
         "audits_robotstxt_origin_key",
         "audits_sharedlink_url_key",
     ]
+
+
+@pytest.mark.django_db
+def test_the_nightly_re_audits_leave_the_submitter_s_index_empty(django_user_model):
+    page = Page.objects.create(url="https://example.test/", domain="example.test")
+    empty = index_bytes(SUBMITTER_INDEX)
+    Audit.objects.bulk_create(
+        Audit(page=page, trigger=Audit.Trigger.REAUDIT, task_id=f"night-{n}") for n in range(2000)
+    )
+    assert index_bytes(SUBMITTER_INDEX) == empty
+    client = django_user_model.objects.create_user("client")
+    Audit.objects.bulk_create(
+        Audit(page=page, submitter=client, task_id=f"submitted-{n}") for n in range(2000)
+    )
+    assert index_bytes(SUBMITTER_INDEX) > empty
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_submitter_s_index_is_rebuilt_in_place_even_after_a_failed_build():
+    before = [("audits", "0024_no_pattern_indexes")]
+    try:
+        migrate(before)
+        every_audit = index_definitions("audit_submitter_created")
+        # What a build that failed half-way leaves (CREATE INDEX CONCURRENTLY does leave it).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE INDEX audit_submitter_created_new ON audits_audit (submitter_id)"
+            )
+        migrate_to_latest()
+        submitted_only = index_definitions("audit_submitter_created")
+        migrate(before)
+        reversed_ = index_definitions("audit_submitter_created")
+    finally:
+        migrate_to_latest()
+    assert list(every_audit) == [SUBMITTER_INDEX]
+    assert "WHERE" not in every_audit[SUBMITTER_INDEX]
+    assert list(submitted_only) == [SUBMITTER_INDEX]
+    assert submitted_only[SUBMITTER_INDEX].endswith("WHERE (submitter_id IS NOT NULL)")
+    assert reversed_ == every_audit
