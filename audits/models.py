@@ -670,7 +670,11 @@ class LinkCheck(models.Model):
     # Still to run: queued, or deferred until a rate limit lets it call out.
     UNFINISHED = (Status.QUEUED, Status.RATE_LIMITED_PENDING)
 
-    audit = models.ForeignKey(Audit, on_delete=models.CASCADE, related_name="link_checks")
+    # Not indexed alone: the unique (audit, url) and (audit, status) serve every read by
+    # audit (DECISIONS.md, "No index another one already covers").
+    audit = models.ForeignKey(
+        Audit, on_delete=models.CASCADE, related_name="link_checks", db_index=False
+    )
     url = models.CharField(max_length=2048)
     # Null for rows checked before links were shared, and for skipped ones.
     link = models.ForeignKey(

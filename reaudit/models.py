@@ -54,7 +54,9 @@ class Placement(models.Model):
     the placement fires (`fired_at`).
     """
 
-    fan_out = models.ForeignKey(FanOut, on_delete=models.CASCADE, related_name="placements")
+    fan_out = models.ForeignKey(  # indexed by Meta's (DECISIONS.md, "No index another one already covers")
+        FanOut, on_delete=models.CASCADE, related_name="placements", db_index=False
+    )
     page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="+")
     offset_seconds = models.FloatField()
     slice_index = models.PositiveIntegerField()
@@ -88,7 +90,9 @@ class Placement(models.Model):
 class SliceRun(models.Model):
     """The one publication of slice `index` of a fan-out: its idempotency record."""
 
-    fan_out = models.ForeignKey(FanOut, on_delete=models.CASCADE, related_name="slice_runs")
+    fan_out = models.ForeignKey(  # indexed by Meta's (DECISIONS.md, "No index another one already covers")
+        FanOut, on_delete=models.CASCADE, related_name="slice_runs", db_index=False
+    )
     index = models.PositiveIntegerField()
     planned_at = models.DateTimeField(help_text="When the chain meant this slice to start.")
     starts_at = models.DateTimeField(

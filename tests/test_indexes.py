@@ -2,9 +2,11 @@
 
 No index for LIKE (DECISIONS.md, "No index for LIKE"): a field's own `unique` or
 `db_index` makes Django add one beside the real index, which no query reads and every
-insert writes. Uniqueness and lookups keep their own indexes. And the submitter's index
-holds submitted audits only ("The submitter's index holds submitted audits only"): the
-nightly re-audits have no submitter and no listing reads them through it.
+insert writes. Uniqueness and lookups keep their own indexes. No index another one
+already covers ("No index another one already covers"): a foreign key's own index where a
+composite one leads with the key. And the submitter's index holds submitted audits only
+("The submitter's index holds submitted audits only"): the nightly re-audits have no
+submitter and no listing reads them through it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,53 @@ def plumb_tables() -> list[str]:
         if apps.is_installed(name)
         for model in apps.get_app_config(name).get_models()
     ]
+
+
+# Indexes that a longer one on the same table starts with, column for column and operator
+# class for class: every read the shorter serves, the longer does. Unique and partial ones
+# are left out: they enforce or select something of their own.
+COVERED_INDEXES = """
+WITH idx AS (
+  SELECT tbl.relname AS tbl, index.relname AS name,
+         string_to_array(pg_index.indkey::text, ' ') AS cols,
+         string_to_array(pg_index.indclass::text, ' ') AS classes,
+         pg_index.indisunique AS uniq, pg_index.indpred IS NOT NULL AS partial
+  FROM pg_index
+  JOIN pg_class AS index ON index.oid = pg_index.indexrelid
+  JOIN pg_class AS tbl ON tbl.oid = pg_index.indrelid
+  WHERE tbl.relname = ANY (%s) AND pg_table_is_visible(tbl.oid)
+)
+SELECT short.tbl, short.name, long.name FROM idx AS short JOIN idx AS long
+  ON long.tbl = short.tbl AND long.name <> short.name AND NOT long.partial
+WHERE NOT short.uniq AND NOT short.partial
+  AND cardinality(short.cols) < cardinality(long.cols)
+  AND long.cols[1:cardinality(short.cols)] = short.cols
+  AND long.classes[1:cardinality(short.classes)] = short.classes
+ORDER BY 1, 2, 3
+"""
+FOREIGN_KEY_INDEXES = {
+    "audits_linkcheck_audit_id_bbcba3cd",
+    "reaudit_placement_fan_out_id_eda77e8f",
+    "reaudit_slicerun_fan_out_id_869e982f",
+    "webhooks_delivery_audit_id_f6624095",
+}
+
+
+def covered_indexes() -> list[tuple[str, str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(COVERED_INDEXES, [plumb_tables()])
+        return cursor.fetchall()
+
+
+def foreign_keys() -> dict[str, int]:
+    """Each foreign key's constraint of the tables whose key lost its index, by name: its
+    oid changes if it is dropped and added again."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, oid::int FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text"
+            " IN ('audits_linkcheck', 'reaudit_placement', 'reaudit_slicerun', 'webhooks_delivery')"
+        )
+        return dict(cursor.fetchall())
 
 
 def pattern_indexes() -> list[tuple[str, str]]:
@@ -174,3 +223,30 @@ def test_the_submitter_s_index_is_rebuilt_in_place_even_after_a_failed_build():
     assert list(submitted_only) == [SUBMITTER_INDEX]
     assert submitted_only[SUBMITTER_INDEX].endswith("WHERE (submitter_id IS NOT NULL)")
     assert reversed_ == every_audit
+
+
+@pytest.mark.django_db
+def test_no_index_of_plumb_is_covered_by_another():
+    assert covered_indexes() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_drops_the_covered_indexes_and_keeps_the_foreign_keys():
+    before = [
+        ("audits", "0025_submitter_index_submitted_only"),
+        ("reaudit", "0005_catch_up_entry_removed"),
+        ("webhooks", "0003_delivery_job_row"),
+    ]
+    try:
+        migrate(before)
+        covered = covered_indexes()
+        keys = foreign_keys()
+        migrate_to_latest()
+        after = covered_indexes()
+        keys_after = foreign_keys()
+    finally:
+        migrate_to_latest()
+    assert {short for _, short, _ in covered} == FOREIGN_KEY_INDEXES
+    assert after == []
+    # Only the indexes changed: no key was dropped and checked again over the whole table.
+    assert keys and keys_after == keys

@@ -1,0 +1,53 @@
+"""A link check's audit is not indexed alone: the unique (audit, url) and (audit, status)
+lead with it and serve every read by audit, while the key's own index was written by every
+link check, the largest table, and read by nothing (DECISIONS.md, "No index another one
+already covers").
+
+Only the index changes (jobs.schema): Django's AlterField of the key's `db_index` would drop
+the foreign key and add it again, checking every row under a lock that blocks writes.
+On PostgreSQL the index is dropped CONCURRENTLY, so this migration is not atomic.
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+from jobs.schema import create_column_index, drop_column_indexes
+
+# (table, column, the index's name as the field's `db_index` made it, for the reverse)
+INDEXES = [("audits_linkcheck", "audit_id", "audits_linkcheck_audit_id_bbcba3cd")]
+
+
+def drop(apps, schema_editor):
+    for table, column, _name in INDEXES:
+        drop_column_indexes(schema_editor, table, column)
+
+
+def restore(apps, schema_editor):
+    for table, column, name in INDEXES:
+        create_column_index(schema_editor, table, column, name)
+
+
+class Migration(migrations.Migration):
+    atomic = False
+
+    dependencies = [
+        ("audits", "0025_submitter_index_submitted_only"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunPython(drop, restore)],
+            state_operations=[
+                migrations.AlterField(
+                    model_name="linkcheck",
+                    name="audit",
+                    field=models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="link_checks",
+                        to="audits.audit",
+                    ),
+                ),
+            ],
+        ),
+    ]
