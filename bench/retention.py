@@ -31,6 +31,7 @@ night, per row: `pg_total_relation_size` of the tables, split into heap, TOAST a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -44,6 +45,11 @@ from bench.services import create_database  # noqa: E402
 
 FIRST_NIGHT = datetime(2030, 1, 1, 2, 0, tzinfo=UTC)
 DOMAINS = 100
+# The result's fields that only the page's analysis writes (audits.analysis.analyze_html),
+# taken from one analysis of the benchmark site's page (bench.fast_site), read as this URL.
+ANALYSIS_ONLY = ("findings", "crawl_directives", "encoding", "links_over_cap", "links_too_long",
+                 "links_truncated")  # fmt: skip
+PAGE_URL = "https://www.site1.example/articles/page"
 SLICES = 36
 OBSERVATIONS_PER_NIGHT = 500
 DEAD_LETTERS_PER_NIGHT = 5
@@ -108,8 +114,16 @@ def run(args) -> None:
     from django.conf import settings
     from django.db import connection
 
+    from audits.analysis import analyze_html
+    from bench.fast_site import PAGE
     from jobs import retention
 
+    # What a real audit's result holds beyond the fields written below (its findings, a
+    # twelfth of a kilobyte each, and the rest), as analysis writes it for a small page.
+    args.analysis = json.dumps({
+        name: value for name, value in analyze_html(PAGE.encode(), base_url=PAGE_URL).items()
+        if name in ANALYSIS_ONLY
+    })  # fmt: skip
     for name in (
         "AUDIT_RETENTION_DAYS", "LINK_CHECK_RETENTION_DAYS", "WEBHOOK_DELIVERY_RETENTION_DAYS",
         "RATELIMIT_OBSERVATION_RETENTION_DAYS", "DEAD_LETTER_RETENTION_DAYS",
@@ -159,13 +173,13 @@ def insert_pages(cursor, pages: int) -> None:
     cursor.execute(
         """
         INSERT INTO audits_page (url, domain, reaudit_nightly, created_at, callback_url,
-                                 callback_secret, public_id)
+                                 callback_secret, public_id, failing_checks)
         SELECT 'https://www.site' || (n %% %(domains)s) || '.example/articles/'
                    || substr(md5(n::text), 1, 16) || '-' || n,
                'www.site' || (n %% %(domains)s) || '.example', true, %(at)s,
                CASE WHEN n %% 20 = 0 THEN 'https://hooks.example/plumb/' || n ELSE '' END,
                CASE WHEN n %% 20 = 0 THEN md5(n::text) ELSE '' END,
-               gen_random_uuid()
+               gen_random_uuid(), '[]'
         FROM generate_series(1, %(pages)s) n
         """,
         {"pages": pages, "domains": DOMAINS, "at": FIRST_NIGHT - timedelta(days=1)},
@@ -177,7 +191,8 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
     the deliveries and the outbound calls write them, during the night from `at`."""
     day = at.date()
     shared = round(links * args.shared)
-    params = {"at": at, "day": day, "links": links, "shared": shared, "night": night}
+    params = {"at": at, "day": day, "links": links, "shared": shared, "night": night,
+              "analysis": args.analysis}  # fmt: skip
     cursor.execute(
         """
         INSERT INTO reaudit_fanout (day, window_start, window_seconds, slice_seconds,
@@ -216,7 +231,8 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
         """
         INSERT INTO audits_audit (id, page_id, status, trigger, attempts, task_id,
             idempotency_key, created_at, attempt_started_at, published_at, finished_at, result,
-            changes, got_worse, error, link_checks_deadline, callback_url, callback_secret)
+            changes, got_worse, error, link_checks_deadline, callback_url, callback_secret,
+            client)
         SELECT gen_random_uuid(), p.id, 'succeeded', 'reaudit', 1, gen_random_uuid()::text,
             'reaudit-' || p.id || '-' || %(day)s, placed.at, placed.at, placed.at,
             placed.at + interval '40 seconds',
@@ -234,11 +250,12 @@ def insert_night(cursor, night: int, at: datetime, args, *, links: int) -> None:
                 'link_counts', jsonb_build_object('internal', 45, 'external', %(links)s),
                 'external_links', links.urls, 'links', links.checked,
                 'link_check', jsonb_build_object('total', %(links)s, 'unfinished', 0,
-                    'rate_limited_pending', 0, 'deadline_passed', false)),
+                    'rate_limited_pending', 0, 'deadline_passed', false))
+                || %(analysis)s::jsonb,
             CASE WHEN p.id %% 20 = %(night)s %% 20 THEN jsonb_build_array(jsonb_build_object(
                 'field', 'title', 'before', 'Old title', 'after', 'New title'))
                 ELSE '[]'::jsonb END,
-            false, '', placed.at + interval '2 minutes', '', ''
+            false, '', placed.at + interval '2 minutes', '', '', ''
         FROM audits_page p,
         -- Spread over the night as the placements fire, each a distinct instant.
         LATERAL (SELECT %(at)s + ((p.id * 7919) %% 21600) * interval '1 second'
