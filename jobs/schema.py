@@ -9,6 +9,8 @@ nothing to wait for.
 
 from __future__ import annotations
 
+from django.db import migrations
+
 
 def _concurrently(schema_editor) -> str:
     return " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
@@ -43,3 +45,18 @@ def create_column_index(schema_editor, table: str, column: str, name: str) -> No
         f"CREATE INDEX{_concurrently(schema_editor)} IF NOT EXISTS {quote(name)} "
         f"ON {quote(table)} ({quote(column)})"
     )
+
+
+def column_indexes_dropped(indexes: list[tuple[str, str, str]]) -> migrations.RunPython:
+    """A migration's step dropping each (table, column, name)'s index on the column alone
+    (`drop_column_indexes`); reversed, it builds each again as `name`."""
+
+    def drop(apps, schema_editor):
+        for table, column, _name in indexes:
+            drop_column_indexes(schema_editor, table, column)
+
+    def restore(apps, schema_editor):
+        for table, column, name in indexes:
+            create_column_index(schema_editor, table, column, name)
+
+    return migrations.RunPython(drop, restore)

@@ -9,20 +9,10 @@ On PostgreSQL the index is dropped CONCURRENTLY, so this migration is not atomic
 import django.db.models.deletion
 from django.db import migrations, models
 
-from jobs.schema import create_column_index, drop_column_indexes
+from jobs.schema import column_indexes_dropped
 
 # (table, column, the index's name as the field's `db_index` made it, for the reverse)
 INDEXES = [("webhooks_delivery", "audit_id", "webhooks_delivery_audit_id_f6624095")]
-
-
-def drop(apps, schema_editor):
-    for table, column, _name in INDEXES:
-        drop_column_indexes(schema_editor, table, column)
-
-
-def restore(apps, schema_editor):
-    for table, column, name in INDEXES:
-        create_column_index(schema_editor, table, column, name)
 
 
 class Migration(migrations.Migration):
@@ -35,7 +25,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.SeparateDatabaseAndState(
-            database_operations=[migrations.RunPython(drop, restore)],
+            database_operations=[column_indexes_dropped(INDEXES)],
             state_operations=[
                 migrations.AlterField(
                     model_name="delivery",
