@@ -33,7 +33,6 @@ DECLARED = 1_040_000
 
 @pytest.fixture
 def web(tmp_path, redis_client):
-    port = free_port()
     env = {
         **os.environ,
         "DEBUG": "false",
@@ -43,24 +42,50 @@ def web(tmp_path, redis_client):
         "PLUMB_VAR_DIR": str(tmp_path),
         "WEB_BODY_READ_TIMEOUT_SECONDS": str(BODY_DEADLINE_SECONDS),
     }
-    server = subprocess.Popen(
-        web_command("127.0.0.1", port, workers=2).split(), cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-
-    def answers():
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
+    server, base, port = start_web(tmp_path, env)
     try:
-        wait_for(answers, timeout=60, interval=0.3, message="the web process to answer")
         yield base, port
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def start_web(tmp_path, env: dict) -> tuple[subprocess.Popen, str, int]:
+    """The web on a free port once /healthz answers 200: (process, base URL, port).
+
+    Another process can take the port between `free_port()` and gunicorn's bind (a client's
+    connection is given any free port): gunicorn then says so and exits, and the web starts
+    again on another port. Any other exit, or no answer within 60 s, fails with the web's log.
+    """
+    for _ in range(3):
+        port = free_port()
+        log = tmp_path / f"web-{port}.log"
+        with log.open("w") as out:
+            server = subprocess.Popen(
+                web_command("127.0.0.1", port, workers=2).split(), cwd=ROOT, env=env,
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+
+        def answered_or_exited(server=server, base=base):
+            if server.poll() is not None:
+                return "exited"
+            try:
+                return httpx.get(f"{base}/healthz", timeout=2).status_code == 200 and "answered"
+            except httpx.TransportError:
+                return False
+
+        try:
+            outcome = wait_for(answered_or_exited, timeout=60, interval=0.3)
+        except AssertionError:
+            outcome = "silent"
+        if outcome == "answered":
+            return server, base, port
+        server.terminate()
+        server.wait(timeout=30)
+        if "Connection in use" not in log.read_text():
+            raise AssertionError(f"the web {outcome} before /healthz answered:\n{log.read_text()}")
+    raise AssertionError("three free ports were taken before the web could bind one")
 
 
 def test_healthz_answers_while_fifty_clients_trickle_their_headers(web):
