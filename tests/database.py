@@ -17,9 +17,11 @@ the suite, and tests/test_database_reset.py pins the version reviewed.
 
 from __future__ import annotations
 
+from django.apps.registry import Apps
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.test import TransactionTestCase
 
 # Rows the apps' migrations and post_migrate made, the same before and after every test.
@@ -52,3 +54,20 @@ def _fixture_teardown(self: TransactionTestCase) -> None:
 def install() -> None:
     """Make every committing test end with `empty_tables` instead of Django's flush."""
     TransactionTestCase._fixture_teardown = _fixture_teardown
+
+
+def migrate(targets: list[tuple[str, str | None]]) -> Apps:
+    """The test database migrated (forwards or back) to `targets`, (app, migration) pairs
+    (None: before the app's first); the models as they stand there (an app migrated back
+    before its first has none)."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    return executor.loader.project_state([t for t in targets if t[1] is not None]).apps
+
+
+def migrate_to_latest() -> None:
+    """The test database back at the latest schema, whatever a test migrated it to."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 from django.apps import apps
 from django.db import IntegrityError, connection, transaction
-from django.db.migrations.executor import MigrationExecutor
 
 from audits.models import Audit, Page, SharedLink
+from tests.database import migrate, migrate_to_latest
 
 PLUMB_APPS = ("audits", "jobs", "ratelimit", "reaudit", "webhooks", "observability")
 BEFORE = [
@@ -102,18 +102,6 @@ def pattern_indexes() -> list[tuple[str, str]]:
     with connection.cursor() as cursor:
         cursor.execute(PATTERN_INDEXES, [plumb_tables()])
         return sorted(cursor.fetchall())
-
-
-def migrate(targets) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-
-
-def migrate_to_latest() -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def index_definitions(prefix: str) -> dict[str, str]:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from jobs.breakers import BREAKERS_KEY, FAILURE, Breaker
+from tests.database import migrate, migrate_to_latest
 
 BEFORE = [("audits", "0015_audit_client"), ("jobs", "0004_dead_letter_task_failed_index")]
 AFTER = [("audits", "0016_origin_hosts"), ("jobs", "0005_breakers_by_origin")]
 
 
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def old_schema(transactional_db):
-    apps = migrate(BEFORE)
-    yield apps
+    yield migrate(BEFORE)
     # Back to the latest schema, whatever migrations came after these.
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    migrate_to_latest()
 
 
 def test_pages_and_shared_links_stored_with_a_trailing_dot_are_respelled(old_schema):

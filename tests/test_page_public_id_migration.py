@@ -6,18 +6,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.database import migrate, migrate_to_latest
 
 BEFORE = [("audits", "0013_shared_link_checked_index")]
 AFTER = [("audits", "0014_page_owner_public_id_api_tokens")]
-
-
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -37,6 +30,4 @@ def test_existing_pages_get_distinct_public_ids_and_keep_their_audits():
         assert dict(Audit.objects.values_list("id", "page_id")) == audits
         assert set(Page.objects.values_list("owner", flat=True)) == {None}
     finally:
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
+        migrate_to_latest()
