@@ -240,12 +240,19 @@ def bench_check_costs(client) -> dict[str, dict[int, float]]:
 # --- endpoint throughput --------------------------------------------------------------
 
 
-def bench_throughput(client, *, requests: int = 4500) -> dict:
+# Admission's round trip with nothing decided: the floor of admission as a round trip of its
+# own (the bench's "floor" mode). It answers as the script does when it admits.
+ADMIT_DECIDING_NOTHING = lua("return {'admitted', '0', 0, 0, 0}")
+
+
+def bench_throughput(client, *, requests: int = 4800) -> dict:
     """POST /api/audits with admission on, with the client's holding read before the
-    script in a statement of its own (as until 2026-12-07), and with admission off, in
-    turn request by request, so load from elsewhere on the machine falls on all three
-    alike. With the holding read apart, and with admission off, the audit is submitted for
-    no client (""), whose holding the submission's statement does not read."""
+    script in a statement of its own (as until 2026-12-07), with a script that decides
+    nothing in the admission script's place (the floor: the round trip, the keys and
+    arguments sent, the answer read, the share read in the statement), and with admission
+    off, in turn request by request, so load from elsewhere on the machine falls on all
+    four alike. With the holding read apart, and with admission off, the audit is
+    submitted for no client (""), whose holding the submission's statement does not read."""
     settings.AUDIT_SUBMIT_BURST = 10**9
     settings.AUDIT_QUEUE_MAX_DEPTH = 10**9
     http = Client(HTTP_HOST="localhost")
@@ -255,9 +262,19 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
         admission.client_holding(client_key(request))
         return admit(request, client)
 
+    def admit_deciding_nothing(request, client):
+        # The same keys and arguments sent, the same answer read: only the script's work is gone.
+        admission._ADMIT = ADMIT_DECIDING_NOTHING
+        try:
+            return admit(request, client)
+        finally:
+            admission._ADMIT = admit_script
+
+    admit_script = admission._ADMIT
     modes = {
         "on": (admit, client_key),
         "before": (admit_reading_the_holding_apart, lambda request: ""),
+        "floor": (admit_deciding_nothing, client_key),
         "off": (lambda request, client: None, lambda request: ""),
     }
     orders = list(itertools.permutations(modes))
@@ -303,6 +320,7 @@ def bench_throughput(client, *, requests: int = 4500) -> dict:
         **rate,
         "cost": 1 - rate["on"] / rate["off"],
         "cost_before": 1 - rate["before"] / rate["off"],
+        "cost_floor": 1 - rate["floor"] / rate["off"],
         "median_ms": {mode: statistics.median(values) * 1e3 for mode, values in latencies.items()},
         "cpu_us": {mode: statistics.fmean(values) * 1e6 for mode, values in cpu.items()},
         "requests": requests,
@@ -555,17 +573,22 @@ def report(costs: dict, throughput: dict, outage: dict, holding: dict) -> str:
     lines += ["", "## POST /api/audits through the WSGI app", ""]
     median = throughput["median_ms"]
     lines.append(
-        f"{throughput['requests']} requests in turn (every order of the three): admission on {throughput['on']:.0f} req/s, "
+        f"{throughput['requests']} requests in turn (every order of the four): admission on {throughput['on']:.0f} req/s, "
         f"admission with the client's holding read apart, as before, {throughput['before']:.0f} req/s, "
+        f"its round trip with a script deciding nothing {throughput['floor']:.0f} req/s, "
         f"off {throughput['off']:.0f} req/s; admission costs {throughput['cost'] * 100:.1f} % "
-        f"of throughput (as before: {throughput['cost_before'] * 100:.1f} %); median latency "
-        f"{median['on']:.2f} ms on, {median['before']:.2f} ms as before, {median['off']:.2f} ms off"
+        f"of throughput (as before: {throughput['cost_before'] * 100:.1f} %; the round trip "
+        f"deciding nothing: {throughput['cost_floor'] * 100:.1f} %); median latency "
+        f"{median['on']:.2f} ms on, {median['before']:.2f} ms as before, "
+        f"{median['floor']:.2f} ms deciding nothing, {median['off']:.2f} ms off"
     )
     used = throughput["cpu_us"]
     lines.append(
         f"\nCPU a request (mean, the request's thread): {used['on']:,.0f} us on, "
-        f"{used['before']:,.0f} us as before, {used['off']:,.0f} us off; admission's own "
-        f"{used['on'] - used['off']:,.0f} us (as before: {used['before'] - used['off']:,.0f} us)"
+        f"{used['before']:,.0f} us as before, {used['floor']:,.0f} us deciding nothing, "
+        f"{used['off']:,.0f} us off; admission's own {used['on'] - used['off']:,.0f} us (as "
+        f"before: {used['before'] - used['off']:,.0f} us; deciding nothing: "
+        f"{used['floor'] - used['off']:,.0f} us)"
     )
     lines += ["", "## What a client holds (median microseconds per call)", ""]
     lines.append(
