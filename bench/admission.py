@@ -10,9 +10,10 @@
 2. Requests per second of POST /api/audits through the WSGI app (Django's test
    client, in process: no HTTP server to add noise), with admission on (the script, and
    the client's share checked in the submission's own statement), with the client's
-   holding read in a statement of its own before the script, as until 2026-12-07, and
-   with no admission (no script, the statement reading no holding), in turn request by
-   request.
+   holding read in a statement of its own before the script, as until 2026-12-07, with
+   a script that decides nothing in the admission script's place (admission's round trip
+   alone: the floor of admission as a round trip of its own), and with no admission (no
+   script, the statement reading no holding), in turn request by request.
 3. A fail-fast outage: a real `celery worker` (4 slots, started with the tests'
    `WorkerProcess`) whose every audit fails at once (a 500 from the demo site), the
    cap at 20, and 100 submissions paced at 5 per second; how many each count admits.
