@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 
-from config.redis import redis_client
+from config.redis import lua, queue_script, redis_client
 from observability import gauges
 from observability.metrics import (
     BREAKER_STATES,
@@ -40,10 +40,46 @@ from observability.metrics import (
     REAUDIT_PLACEMENTS_FIRED,
     bucket_label,
     counter_key,
+    exported_key,
     histogram_key,
 )
 
 log = logging.getLogger(__name__)
+
+
+# A counter's totals as /metrics exports them: each series at the highest total exported so
+# far, which is then kept. Prometheus reads any decrease as a restart of the counter, and
+# rate() counts the whole total again. One decrease is by design: a submission the admission
+# script counted as admitted and its client's share then refused is moved to refused_client
+# (audits.admission.refuse_client), and a scrape between the two saw it admitted. Exported at
+# its highest, that series stays level until the next admission. A counter whose hash is
+# gone (a Redis that came back empty, or only that key lost) forgets its highest totals too:
+# it restarts from zero, as Prometheus expects.
+# KEYS: the counter's hash, its exported highest totals. Answers field, total, field, ...
+EXPORTED_TOTALS = lua(
+    """
+local totals = redis.call('HGETALL', KEYS[1])
+if #totals == 0 then
+  redis.call('DEL', KEYS[2])
+  return totals
+end
+local highest = {}
+local exported = redis.call('HGETALL', KEYS[2])
+for i = 1, #exported, 2 do
+  highest[exported[i]] = exported[i + 1]
+end
+for i = 1, #totals, 2 do
+  local field, total = totals[i], totals[i + 1]
+  local high = highest[field]
+  if high and tonumber(high) > tonumber(total) then
+    totals[i + 1] = high
+  elseif high ~= total then
+    redis.call('HSET', KEYS[2], field, total)
+  end
+end
+return totals
+"""
+)
 
 
 class PlumbCollector:
@@ -56,12 +92,13 @@ class PlumbCollector:
     def collect(self) -> Iterator[Metric]:
         pipe = redis_client().pipeline(transaction=False)
         for metric in COUNTERS:
-            pipe.hgetall(counter_key(metric))
+            keys = [counter_key(metric), exported_key(metric)]
+            queue_script(pipe, EXPORTED_TOTALS, keys=keys, args=[])
         for metric in HISTOGRAMS:
             pipe.hgetall(histogram_key(metric))
         results = pipe.execute()
-        for metric, stored in zip(COUNTERS, results[: len(COUNTERS)], strict=True):
-            yield _counter(metric, stored)
+        for metric, flat in zip(COUNTERS, results[: len(COUNTERS)], strict=True):
+            yield _counter(metric, dict(zip(flat[::2], flat[1::2], strict=True)))
         for metric, stored in zip(HISTOGRAMS, results[len(COUNTERS) :], strict=True):
             yield _histogram(metric, stored)
         yield from _gauges()

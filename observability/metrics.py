@@ -28,6 +28,7 @@ Who calls what:
 
 Keys in Redis:
     metrics:counter:<metric>     hash  JSON label values -> total
+    metrics:exported:<metric>    hash  JSON label values -> the highest total /metrics exported
     metrics:histogram:<metric>   hash  JSON [label values..., bucket|"sum"|"count"] -> value
     metrics:minute:<epoch min>   hash  dashboard field -> count in that minute (and samples)
     metrics:jobs:<epoch min>     HyperLogLog of the job ids attempted in that minute
@@ -293,6 +294,12 @@ class Field:
 
 def counter_key(metric: Metric) -> str:
     return f"metrics:counter:{metric.name}"
+
+
+def exported_key(metric: Metric) -> str:
+    """The highest total of each of a counter's series that /metrics has exported
+    (observability.collector)."""
+    return f"metrics:exported:{metric.name}"
 
 
 def histogram_key(metric: Metric) -> str:

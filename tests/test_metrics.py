@@ -81,6 +81,45 @@ def test_each_event_bumps_its_prometheus_counter_and_its_minute_bucket(redis_cli
     assert this_minute[Field.admissions_in_backoff("refused_ip").encode()] == b"1"
 
 
+def admitted_exported() -> float:
+    admitted = (("decision", "admitted"), ("in_backoff", "false"))
+    return scrape()[("plumb_admission_decisions_total", admitted)]
+
+
+@pytest.mark.django_db
+def test_a_share_refusal_never_takes_the_exported_admitted_count_down(redis_client):
+    """A scrape between the admission script and the share's refusal saw the submission
+    admitted; a lower total after it would read to Prometheus as a restarted counter, and
+    rate() would count the whole total again."""
+    overturned = admission.admit_submission("192.0.2.1")
+    assert admitted_exported() == 1
+    admission.refuse_client(overturned, held=3)
+    assert admission.admission_counts()["admitted"] == 0  # the stored total moved
+    samples = scrape()
+    refused = (("decision", "refused_client"), ("in_backoff", "false"))
+    assert samples[("plumb_admission_decisions_total", refused)] == 1
+    assert admitted_exported() == 1
+    # Level until the admissions catch up with what was exported, then as stored.
+    assert admission.admit_submission("192.0.2.1").admitted
+    assert admitted_exported() == 1
+    assert admission.admit_submission("192.0.2.1").admitted
+    assert admitted_exported() == 2 == admission.admission_counts()["admitted"]
+
+
+@pytest.mark.django_db
+def test_a_counter_whose_totals_are_gone_restarts_from_zero(redis_client):
+    """A Redis that came back empty (or lost the counter's key) restarts the counter, as
+    Prometheus expects of a restarted process: its highest exported totals go with it."""
+    task = ("plumb_task_completions_total", (("task", "audits.run_audit"),))
+    for _ in range(3):
+        metrics.record_completion("audits.run_audit")
+    assert scrape()[task] == 3
+    redis_client.delete(metrics.counter_key(metrics.TASK_COMPLETIONS))
+    assert task not in scrape()
+    metrics.record_completion("audits.run_audit")
+    assert scrape()[task] == 1
+
+
 def test_a_label_value_outside_its_closed_set_is_refused(redis_client):
     with pytest.raises(ValueError, match="reason"):
         metrics.record_retry("audits.run_audit", "because")
