@@ -73,7 +73,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.pgcluster import PgCluster  # noqa: E402
-from bench.services import PrivateRedis, SessionProcess, SlowPages, wait_until  # noqa: E402
+from bench.services import (  # noqa: E402
+    Interrupted,
+    PrivateRedis,
+    SessionProcess,
+    SlowPages,
+    stop_on_signals,
+    wait_until,
+)
 from config import devservices  # noqa: E402
 
 
@@ -104,27 +111,6 @@ WORKER_EVENTS = (
 # gunicorn's access log: `... "GET /api/queue HTTP/1.1" 503 ...`
 METRIC = re.compile(r"^plumb_queue_(backlog|waiting|retrying|running) (\S+)$", re.MULTILINE)
 ACCESS_STATUS = re.compile(r'"[A-Z]+ (\S+) HTTP/[0-9.]+" (5\d\d) ')
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM: the run ends through every `finally`, so nothing is left behind."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
-def stop_on_signals() -> None:
-    """SIGINT and SIGTERM raise Interrupted, once: a second signal does not cut the cleanup
-    the first one started short."""
-
-    def handler(signum, frame):
-        for each in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(each, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    for each in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(each, handler)
 
 
 # --- one scenario, in a process of its own -------------------------------------------

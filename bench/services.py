@@ -235,6 +235,27 @@ class _SlowPageHandler(QuietHandler):
         self.send_html(200, b"<html><head><title>A page</title></head><body>ok</body></html>")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: the run ends through every `finally`, so nothing is left behind."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM raise Interrupted, once: a second signal does not cut the cleanup
+    the first one started short."""
+
+    def handler(signum, frame):
+        for each in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(each, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for each in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(each, handler)
+
+
 def wait_until(predicate, timeout: float, what: str, *, fail: bool = True) -> bool:
     """Poll `predicate` every half second until it holds (True) or `timeout` passes:
     SystemExit then, or False with `fail=False`."""

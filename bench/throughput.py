@@ -69,6 +69,7 @@ from bench.services import (  # noqa: E402
     redis_server_pid,
     server_cpu_seconds,
     start_redis,
+    stop_on_signals,
     thread_cpu_seconds,
 )
 from config import devservices  # noqa: E402
@@ -714,6 +715,8 @@ def main() -> int:
     parser.add_argument("--skip-references", action="store_true",
                         help="run only Plumb (and --baseline) in `fast` and `slow`")  # fmt: skip
     args = parser.parse_args()
+    # A SIGTERM ends the run through every `finally`, so it stops the stacks it started.
+    stop_on_signals()
 
     logs = Path(tempfile.mkdtemp(prefix="plumb-throughput-"))
     print(f"logs in {logs}", flush=True)
