@@ -20,7 +20,6 @@ import argparse
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -40,11 +39,10 @@ django.setup()
 import httpcore  # noqa: E402
 import httpx  # noqa: E402
 
-from bench.services import wait_until  # noqa: E402
-from config import devservices  # noqa: E402
+from bench.services import folder_until_exit, stop_on_signals  # noqa: E402
+from bench.throughput import HOSTS, spread, start_site  # noqa: E402
 from outbound.client import shared_client  # noqa: E402
 
-HOSTS = 16
 THREADS = 32
 
 
@@ -75,39 +73,21 @@ class PassClock:
         httpcore.ConnectionPool._assign_requests_to_connections = self.original
 
 
-def start_site(delay: float) -> tuple[subprocess.Popen, int]:
-    port = devservices.free_port()
-    site = subprocess.Popen(
-        [sys.executable, "-m", "bench.fast_site", "--port", str(port), "--delay", str(delay),
-         "--hosts", str(HOSTS)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(answers, timeout=20, what="the site")
-    return site, port
-
-
-def one_round(client: httpx.Client, port: int, per_thread: int) -> dict:
+def one_round(client: httpx.Client, site: str, per_thread: int) -> dict:
+    requests = THREADS * per_thread
+    urls = spread(site, "p", requests)
     failed: list[str] = []
 
     def send(thread: int) -> None:
-        for n in range(per_thread):
-            host = (thread * per_thread + n) % HOSTS + 1
+        for url in urls[thread::THREADS]:
             try:
-                response = client.get(f"http://127.0.0.{host}:{port}/p/{n}")
+                response = client.get(url)
                 response.read()
                 response.close()
             except httpx.TransportError as exc:
                 # Counted, not raised: the local site never fails, so each is the client's.
                 failed.append(f"{type(exc).__name__}: {exc}")
 
-    requests = THREADS * per_thread
     with PassClock() as clock:
         started_cpu, started = time.process_time(), time.perf_counter()
         threads = [threading.Thread(target=send, args=(t,)) for t in range(THREADS)]
@@ -131,17 +111,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-thread", type=int, default=150, help="requests each thread sends")
     args = parser.parse_args()
+    # A SIGTERM ends the run through every `finally`, so it stops the sites it started.
+    stop_on_signals()
+    logs = folder_until_exit("plumb-pool-")
     print(f"httpx {httpx.__version__}, httpcore {httpcore.__version__}; {THREADS} threads, "
           f"{HOSTS} hosts, {THREADS * args.per_thread} requests a round")  # fmt: skip
     for delay in (0.0, 0.2):
-        site, port = start_site(delay)
+        site, base = start_site(logs, delay)
         try:
             client = shared_client(timeout=10)
-            one_round(client, port, 10)  # warm: every host's connections opened
-            rounds = [one_round(client, port, args.per_thread) for _ in range(args.rounds)]
+            one_round(client, base, 10)  # warm: every host's connections opened
+            rounds = [one_round(client, base, args.per_thread) for _ in range(args.rounds)]
         finally:
-            site.terminate()
-            site.wait(timeout=10)
+            site.stop()
         each = " / ".join(
             f"{r['cpu_ms']:.2f} ms, passes {r['pass_ms']:.2f} ms ({r['share'] * 100:.0f} %)"
             for r in rounds
