@@ -54,7 +54,9 @@ class Placement(models.Model):
     the placement fires (`fired_at`).
     """
 
-    fan_out = models.ForeignKey(  # indexed by Meta's (DECISIONS.md, "No index another one already covers")
+    # Not indexed alone: the unique (fan_out, page) and the index (fan_out, slice_index)
+    # lead with it (DECISIONS.md, "No index another one already covers").
+    fan_out = models.ForeignKey(
         FanOut, on_delete=models.CASCADE, related_name="placements", db_index=False
     )
     page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="+")
@@ -90,7 +92,9 @@ class Placement(models.Model):
 class SliceRun(models.Model):
     """The one publication of slice `index` of a fan-out: its idempotency record."""
 
-    fan_out = models.ForeignKey(  # indexed by Meta's (DECISIONS.md, "No index another one already covers")
+    # Not indexed alone: the unique (fan_out, index) leads with it (DECISIONS.md, "No
+    # index another one already covers").
+    fan_out = models.ForeignKey(
         FanOut, on_delete=models.CASCADE, related_name="slice_runs", db_index=False
     )
     index = models.PositiveIntegerField()

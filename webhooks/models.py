@@ -34,7 +34,9 @@ class Delivery(JobRow):
     # Also the Standard Webhooks `webhook-id`: the same on every attempt, so a
     # receiver can drop a repeat.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    audit = models.ForeignKey(  # indexed by Meta's (DECISIONS.md, "No index another one already covers")
+    # Not indexed alone: the unique (audit, event) leads with it (DECISIONS.md, "No index
+    # another one already covers").
+    audit = models.ForeignKey(
         "audits.Audit", on_delete=models.CASCADE, related_name="deliveries", db_index=False
     )
     event = models.CharField(max_length=32, choices=Event.choices, default=Event.FINISHED)
