@@ -9,7 +9,7 @@ bench/lighthouse_pages.py, each from 127.0.0.1 on fixed ports (one site per robo
 variant). Lighthouse (`npm i -E lighthouse@12.2.3` into var/lighthouse when missing)
 runs with Debian's chromium (`/usr/bin/chromium`), `--only-categories=seo
 --ignore-status-code`; its reports are kept in var/lighthouse/reports keyed by what was
-served, so a second run only re-runs Plumb. Plumb's side fetches the same URLs with httpx
+served, so a second run only re-runs Plumb. Plumb's side fetches the same URLs with httpx2
 and runs `audit_result` with the site's robots.txt.
 
 Then the CPU the findings add per audit on the 30 corpus pages: the analysis as main had
@@ -178,15 +178,15 @@ def lighthouse_verdicts(site: Site, path: str, *, run: bool = True) -> dict[str,
 
 
 def plumb_findings(site: Site, path: str) -> dict[str, dict]:
-    import httpx
+    import httpx2
 
     from audits.analysis import audit_result
     from outbound.integrations.page import FetchedPage
     from outbound.integrations.robots import RULES, RobotsInfo, availability_of
 
     url = site.origin + path
-    response = httpx.get(url)
-    robots_response = httpx.get(site.origin + "/robots.txt")
+    response = httpx2.get(url)
+    robots_response = httpx2.get(site.origin + "/robots.txt")
     status = robots_response.status_code
     availability = availability_of(status)
     robots = RobotsInfo(

@@ -195,13 +195,13 @@ def run_scenario(name: str, args) -> dict:
 
 def submit(args, api: str, site: SlowPages) -> dict:
     """--audits audits over HTTP, each its own page of the one slow host."""
-    import httpx
+    import httpx2
 
     pages = [f"{site.base_url}/page-{n}" for n in range(args.audits)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(
             pool.map(
-                lambda url: httpx.post(f"{api}/api/audits", json={"url": url}, timeout=30), pages
+                lambda url: httpx2.post(f"{api}/api/audits", json={"url": url}, timeout=30), pages
             )
         )
     return {
@@ -276,11 +276,11 @@ def page_fetches(site: SlowPages) -> int:
 
 def metrics_backlog(api: str) -> dict | str:
     """The /metrics backlog gauges (plumb_queue_*), or the HTTP status when unreadable."""
-    import httpx
+    import httpx2
 
     try:
-        response = httpx.get(f"{api}/metrics", timeout=5)
-    except httpx.HTTPError as exc:
+        response = httpx2.get(f"{api}/metrics", timeout=5)
+    except httpx2.HTTPError as exc:
         return exc.__class__.__name__
     if response.status_code != 200:
         return str(response.status_code)
@@ -289,11 +289,11 @@ def metrics_backlog(api: str) -> dict | str:
 
 def get(url: str) -> tuple[int | None, dict | None]:
     """(status, JSON body) of a GET; (None, None) when the web does not answer."""
-    import httpx
+    import httpx2
 
     try:
-        response = httpx.get(url, timeout=5)
-    except httpx.HTTPError:
+        response = httpx2.get(url, timeout=5)
+    except httpx2.HTTPError:
         return None, None
     try:
         body = response.json()

@@ -70,7 +70,7 @@ def main() -> int:
         import django
 
         django.setup()
-        import httpx
+        import httpx2
         import redis
         from django.conf import settings
         from django.core.management import call_command
@@ -96,7 +96,7 @@ def main() -> int:
         with ThreadPoolExecutor(16) as pool:
             answers_ = list(
                 pool.map(
-                    lambda n: httpx.post(
+                    lambda n: httpx2.post(
                         f"{api}/api/audits", json={"url": f"{base}/page-{n}"}, timeout=30
                     ),
                     range(args.audits),
@@ -161,11 +161,11 @@ def main() -> int:
 
 
 def answers(url: str) -> bool:
-    import httpx
+    import httpx2
 
     try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
+        return httpx2.get(url, timeout=2).status_code == 200
+    except httpx2.HTTPError:
         return False
 
 

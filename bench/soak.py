@@ -238,11 +238,11 @@ class Load:
     def __init__(
         self, api: str, downstream: Downstream, receiver: CallbackReceiver, callback_share: float
     ):
-        import httpx
+        import httpx2
 
         self.api, self.downstream, self.receiver = api, downstream, receiver
         self.callback_share = callback_share
-        self.client = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=64))
+        self.client = httpx2.Client(timeout=30, limits=httpx2.Limits(max_connections=64))
         self.pool = ThreadPoolExecutor(max_workers=48)
         self.lock = threading.Lock()
         self.outcomes: Counter = Counter()
@@ -792,14 +792,14 @@ def main() -> int:
 
 
 def wait_until_up(api: str, logs: Path, timeout: float = 60.0) -> None:
-    import httpx
+    import httpx2
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{api}/healthz", timeout=2).status_code == 200:
+            if httpx2.get(f"{api}/healthz", timeout=2).status_code == 200:
                 return
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             pass
         time.sleep(0.5)
     raise SystemExit(f"the stack did not come up within {timeout:g} s; see {logs}")

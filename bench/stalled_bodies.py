@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,12 +153,12 @@ def probe(base: str) -> tuple[float | None, float | None]:
     for method, path, body in (("GET", "/healthz", None), ("POST", "/api/audits", SUBMISSION)):
         started = time.monotonic()
         try:
-            response = httpx.request(
+            response = httpx2.request(
                 method, base + path, content=body, timeout=5,
                 headers={"Content-Type": "application/json"} if body else None,
             )  # fmt: skip
             ok = response.status_code == (200 if method == "GET" else 202)
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             ok = False
         results.append(time.monotonic() - started if ok else None)
     return results[0], results[1]

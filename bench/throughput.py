@@ -54,7 +54,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
+import httpx2  # noqa: E402
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
@@ -119,8 +119,8 @@ class PeakRSS(threading.Thread):
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code < 500
-    except httpx.HTTPError:
+        return httpx2.get(url, timeout=1).status_code < 500
+    except httpx2.HTTPError:
         return False
 
 
@@ -151,7 +151,7 @@ def submit(api: str, urls: list[str]) -> tuple[float, float]:
     local = threading.local()
 
     def post(n: int) -> None:
-        client = getattr(local, "client", None) or httpx.Client(timeout=60)
+        client = getattr(local, "client", None) or httpx2.Client(timeout=60)
         local.client = client
         response = client.post(f"{api}/api/audits", json={"url": urls[n]})
         if response.status_code != 202:

@@ -574,8 +574,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "httpcore2": {"level": "WARNING"},
         # Celery's own per-task INFO lines (succeeded, retry, ignored) repeat what the job
         # runtime logs as task.finished / task.retry / task.parked / task.deferred, and an
         # "ignored" line carries a whole traceback for every breaker park. Errors still show.

@@ -1,6 +1,6 @@
 """The one client factory and the one sender every outbound call goes through.
 
-`build_client` makes the httpx client, and `shared_client` keeps one per process and
+`build_client` makes the httpx2 client, and `shared_client` keeps one per process and
 settings for every caller (page fetches, link checks, webhook deliveries): the SSRF
 guard at connect time (every connection, so every redirect hop, unless
 AUDIT_ALLOW_PRIVATE_TARGETS), one TLS context per process, a timeout that is also each
@@ -26,7 +26,7 @@ import ssl
 import time
 from collections.abc import Callable
 
-import httpx
+import httpx2
 import redis
 from django.conf import settings
 
@@ -85,7 +85,7 @@ def tls_context() -> ssl.SSLContext:
     """
     global _tls
     if _tls is None or _tls[0] != os.getpid():
-        _tls = (os.getpid(), httpx.create_ssl_context())
+        _tls = (os.getpid(), httpx2.create_ssl_context())
     return _tls[1]
 
 
@@ -95,8 +95,8 @@ def build_client(
     user_agent: str | None = None,
     allow_private: bool | None = None,
     max_body_bytes: int | None = None,
-) -> httpx.Client:
-    """An httpx client for downstream calls; the user agent, the private-address
+) -> httpx2.Client:
+    """An httpx2 client for downstream calls; the user agent, the private-address
     switch and the decoded-body cap default to AUDIT_USER_AGENT,
     AUDIT_ALLOW_PRIVATE_TARGETS and AUDIT_MAX_PAGE_BYTES.
 
@@ -109,21 +109,21 @@ def build_client(
         allow_private = settings.AUDIT_ALLOW_PRIVATE_TARGETS
     if max_body_bytes is None:
         max_body_bytes = settings.AUDIT_MAX_PAGE_BYTES
-    transport = httpx.HTTPTransport(retries=0, verify=tls_context())
-    # httpx has no public hook for the network backend; the pool's is the one
+    transport = httpx2.HTTPTransport(retries=0, verify=tls_context())
+    # httpx2 has no public hook for the network backend; the pool's is the one
     # place every connection (and so every redirect hop) goes through.
     transport._pool._network_backend = bounded.DeadlineBackend(
         GuardedNetworkBackend(allow_private=allow_private)
     )
     max_codings = settings.OUTBOUND_MAX_CONTENT_CODINGS
-    return httpx.Client(
+    return httpx2.Client(
         transport=bounded.BoundedTransport(
             transport,
             total_seconds=timeout,
             max_body_bytes=max_body_bytes,
             max_codings=max_codings,
         ),
-        timeout=httpx.Timeout(timeout),
+        timeout=httpx2.Timeout(timeout),
         follow_redirects=False,
         cookies=NoCookies(),
         headers={
@@ -134,7 +134,7 @@ def build_client(
     )
 
 
-_shared: dict[tuple, httpx.Client] = {}
+_shared: dict[tuple, httpx2.Client] = {}
 
 
 def shared_client(
@@ -143,8 +143,8 @@ def shared_client(
     user_agent: str | None = None,
     allow_private: bool | None = None,
     max_body_bytes: int | None = None,
-) -> httpx.Client:
-    """One client per process and settings, shared by its threads (httpx's pool is
+) -> httpx2.Client:
+    """One client per process and settings, shared by its threads (httpx2's pool is
     thread-safe), so calls to a host reuse its connections instead of each paying for
     a client and a connection. Keyed by the process too: a forked child never shares
     its parent's sockets."""
@@ -169,7 +169,7 @@ def shared_client(
     return client
 
 
-def admission_key_for_url(url: httpx.URL | str) -> str:
+def admission_key_for_url(url: httpx2.URL | str) -> str:
     """The rate-limit bucket of a plain URL: its origin's (outbound.urls.origin_key)."""
     return host_key(origin_key(str(url)))
 
@@ -180,7 +180,7 @@ def key_class(key: str) -> str:
 
 
 class OutboundClient:
-    """Sends requests through an httpx.Client, minding each bucket's admission.
+    """Sends requests through an httpx2.Client, minding each bucket's admission.
 
     With `slots` each request also holds one of its origin's (or its credential's)
     slots, waiting for one at most as long as an inline wait (or not at all, for a
@@ -191,7 +191,7 @@ class OutboundClient:
 
     def __init__(
         self,
-        http: httpx.Client,
+        http: httpx2.Client,
         *,
         slots: hostslots.SlotLimit | None = None,
         rate_limits: bool = True,
@@ -210,18 +210,18 @@ class OutboundClient:
 
     def send(
         self,
-        request: httpx.Request,
+        request: httpx2.Request,
         *,
         key: str | None = None,
         resource: str = DEFAULT_RESOURCE,
         stream: bool = False,
         deadline: float | None = None,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """The response, once the bucket admits the call and the answer is not a rate limit.
 
         `key` defaults to the request's origin. `deadline` (time.monotonic()) caps
         inline waits further, and the exchange itself (`outbound.bounded`). Raises
-        RateLimited when the wait is too long to sleep. httpx's errors (and the guard's TargetNotAllowed) propagate: each
+        RateLimited when the wait is too long to sleep. httpx2's errors (and the guard's TargetNotAllowed) propagate: each
         integration says what they mean for it.
         """
         key = key or admission_key_for_url(request.url)
@@ -292,21 +292,21 @@ class OutboundClient:
         return admit(key, resource)
 
     def _observe(
-        self, response: httpx.Response, *, key: str, resource: str, step: int
+        self, response: httpx2.Response, *, key: str, resource: str, step: int
     ) -> Verdict | None:
         if not self.rate_limits:
             return None
         return observe(response, key=key, resource=resource, inline_step=step)
 
-    def _send_counted(self, request: httpx.Request, *, key: str, stream: bool) -> httpx.Response:
+    def _send_counted(self, request: httpx2.Request, *, key: str, stream: bool) -> httpx2.Response:
         """Send; a request that never got an answer is counted here, one that did by `send`."""
         started = time.monotonic()
         try:
             response = self.http.send(request, stream=stream)
-        except httpx.TimeoutException:
+        except httpx2.TimeoutException:
             record_downstream_request(key_class(key), None, "timeout", time.monotonic() - started)
             raise
-        except httpx.TransportError:
+        except httpx2.TransportError:
             record_downstream_request(
                 key_class(key), None, "connection_error", time.monotonic() - started
             )
@@ -319,7 +319,7 @@ class OutboundClient:
             return self.inline_max_wait
         return min(self.inline_max_wait, deadline - time.monotonic())
 
-    def _slot(self, url: httpx.URL, key: str, deadline: float | None, *, bucket=None):
+    def _slot(self, url: httpx2.URL, key: str, deadline: float | None, *, bucket=None):
         if self.slots is None:
             return contextlib.nullcontext(hostslots.NOTHING_HELD)
         return hostslots.slot(
@@ -330,7 +330,7 @@ class OutboundClient:
             bucket=bucket,
         )
 
-    def _slot_name(self, url: httpx.URL, key: str) -> str:
+    def _slot_name(self, url: httpx2.URL, key: str) -> str:
         return key if self.slots.per_credential else origin_key(str(url))
 
 
@@ -342,7 +342,7 @@ def _until(verdict: Verdict) -> float:
     return max(max(candidates), now)
 
 
-def _count(key: str, response: httpx.Response, outcome: str, *, pipe) -> None:
+def _count(key: str, response: httpx2.Response, outcome: str, *, pipe) -> None:
     """Every request that reached a downstream is one downstream request (redirect hops too)."""
     started = response.extensions.get("plumb_started", time.monotonic())
     record_downstream_request(

@@ -10,7 +10,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-import httpcore
+import httpcore2
 
 # Which addresses are public is decided by this table, not by `ipaddress`'s is_global:
 # its tables change between Python releases (3.11.7 takes fec0::/10 and 192.0.0.8 as
@@ -226,21 +226,21 @@ def resolve(host: str, port: int, timeout: float | None) -> list[str]:
     try:
         infos = answer.result(timeout)
     except TimeoutError:  # the wait's (an OSError too, so first)
-        raise httpcore.ConnectTimeout(
+        raise httpcore2.ConnectTimeout(
             f"resolving {host} took longer than {timeout:.1f} s"
         ) from None
     except Exception as exc:
         # Raised here, in an except block, so the gaierror stays the failure's context
-        # even after httpcore's pool re-raises it `from None`: a name that does not
+        # even after httpcore2's pool re-raises it `from None`: a name that does not
         # exist (EAI_NONAME) is a broken link, not a retry (integrations.links).
-        raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        raise httpcore2.ConnectError(f"cannot resolve {host}: {exc}") from exc
     addresses = [info[4][0] for info in infos]
     if not addresses:
-        raise httpcore.ConnectError(f"cannot resolve {host}: no address")
+        raise httpcore2.ConnectError(f"cannot resolve {host}: no address")
     return addresses
 
 
-class GuardedNetworkBackend(httpcore.SyncBackend):
+class GuardedNetworkBackend(httpcore2.SyncBackend):
     """Checks the address at connect time, not before: a DNS answer that changes
     between a check and the fetch (rebinding) is still caught, and so is every
     redirect hop, because each hop connects through here. The lookup itself is
@@ -260,9 +260,9 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         for address in addresses:
             left = None if timeout is None else timeout - (time.monotonic() - started)
             if left is not None and left <= 0:
-                raise httpcore.ConnectTimeout(f"connecting to {host} timed out")
+                raise httpcore2.ConnectTimeout(f"connecting to {host} timed out")
             try:
                 return super().connect_tcp(address, port, left, local_address, socket_options)
-            except httpcore.ConnectError as exc:
+            except httpcore2.ConnectError as exc:
                 last_error = exc
         raise last_error

@@ -1,6 +1,6 @@
 """The one redirect loop: a GET and the redirects it leads to, hop by hop.
 
-Redirects are followed here, not by httpx, so that every hop is its own
+Redirects are followed here, not by httpx2, so that every hop is its own
 admitted, observed and counted request (`OutboundClient.send`), its target is
 normalized like a submitted URL, and the guard checks each hop's address when
 it connects. What a long chain or a bad Location means is the caller's to say:
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urljoin
 
-import httpx
+import httpx2
 
 from jobs.errors import RateLimited
 from outbound.client import OutboundClient
@@ -45,7 +45,7 @@ class UnfollowableRedirect(RedirectError):
     """A Location that is no URL Plumb fetches (another scheme, no host, too long)."""
 
 
-class DeadlinePassed(httpx.TimeoutException):
+class DeadlinePassed(httpx2.TimeoutException):
     """The chain's whole time ran out between hops: a timeout like any other."""
 
 
@@ -82,7 +82,7 @@ class RedirectChain:
         deadline: float,
         headers_for: dict[str, dict[str, str]] | None = None,
         before_hop: Callable[[str], None] | None = None,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """The first answer that is not a redirect, streamed and open: the caller closes it.
 
         `deadline` (time.monotonic()) bounds the whole chain. `headers_for` adds headers
@@ -102,7 +102,7 @@ class RedirectChain:
                 request = outbound.http.build_request(
                     "GET",
                     self.current,
-                    timeout=httpx.Timeout(remaining),
+                    timeout=httpx2.Timeout(remaining),
                     headers=(headers_for or {}).get(self.current),
                 )
                 response = outbound.send(request, stream=True, deadline=deadline)

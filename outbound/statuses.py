@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-import httpx
+import httpx2
 
 from jobs.errors import Permanent, Transient
 from ratelimit.headers import parse_retry_after
@@ -49,7 +49,7 @@ def classify_status(status_code: int, *, rate_limited: bool = False) -> Answer:
     return Answer.OK
 
 
-def unwanted_answer(message: str, response: httpx.Response) -> Permanent | Transient:
+def unwanted_answer(message: str, response: httpx2.Response) -> Permanent | Transient:
     """The error for an answer that is not the one wanted: Permanent for a refusal, else
     Transient, with the answer's own Retry-After."""
     status = response.status_code

@@ -126,7 +126,7 @@ def _structured_params(value: str | None) -> dict[str, str]:
 def parse_limit_headers(headers: Mapping[str, str], *, now: float | None = None) -> LimitHeaders:
     """The bucket state a response reports, from GitHub-style, IETF or Retry-After fields.
 
-    `headers` is any case-insensitive mapping (httpx.Headers). GitHub's
+    `headers` is any case-insensitive mapping (httpx2.Headers). GitHub's
     `x-ratelimit-*` fields win over the IETF ones when both are present.
     """
     current = time.time() if now is None else now

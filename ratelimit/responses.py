@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 
 from jobs.policy import RETRY, delay
 from ratelimit.admission import INLINE_WAITS
@@ -42,10 +42,10 @@ class Verdict:
         return self.kind != Kind.OK
 
 
-def _body_json(response: httpx.Response) -> dict | None:
+def _body_json(response: httpx2.Response) -> dict | None:
     try:
         body = json.loads(response.content)
-    except httpx.ResponseNotRead:
+    except httpx2.ResponseNotRead:
         return None  # a streamed body is the caller's to read
     except (ValueError, UnicodeDecodeError):
         return None
@@ -58,7 +58,7 @@ def _graphql_rate_limited(body: dict | None) -> bool:
 
 
 def classify(
-    response: httpx.Response, *, now: float, inline_step: int = 1, plain_host: bool = False
+    response: httpx2.Response, *, now: float, inline_step: int = 1, plain_host: bool = False
 ) -> Verdict:
     """Primary exhaustion, a secondary limit, another rate limit, or an ordinary answer.
 
@@ -104,7 +104,7 @@ def classify(
     return Verdict(Kind.OK, limits)
 
 
-def observe(response: httpx.Response, *, key: str, resource: str, inline_step: int = 1) -> Verdict:
+def observe(response: httpx2.Response, *, key: str, resource: str, inline_step: int = 1) -> Verdict:
     """Classify `response` and record what it says about (key, resource)."""
     now = time.time()
     plain_host = key.startswith("host:")

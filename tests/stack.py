@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 
 from config.devservices import free_port
@@ -42,9 +42,9 @@ def healthy(stack: subprocess.Popen, env: dict[str, str]) -> bool:
     assert stack.poll() is None, stack.stdout.read()
     try:
         return (
-            httpx.get(f"http://127.0.0.1:{env['WEB_PORT']}/healthz", timeout=2).status_code == 200
+            httpx2.get(f"http://127.0.0.1:{env['WEB_PORT']}/healthz", timeout=2).status_code == 200
         )
-    except httpx.HTTPError:
+    except httpx2.HTTPError:
         return False
 
 

@@ -4,14 +4,14 @@
   row, its message enqueued when the transaction commits (at once under
   transactional_db, which every test with a real worker has through `start_worker`).
 - `post_audit(client, url_or_body)`: POST /api/audits itself, through a DRF APIClient
-  (in process), an httpx.Client whose base_url is a running Plumb, or such a base URL.
+  (in process), an httpx2.Client whose base_url is a running Plumb, or such a base URL.
 """
 
 from __future__ import annotations
 
 import json
 
-import httpx
+import httpx2
 from rest_framework.test import APIClient
 
 from audits import submission
@@ -24,7 +24,7 @@ def submit(url: str) -> Audit:
 
 
 def post_audit(
-    client: APIClient | httpx.Client | str,
+    client: APIClient | httpx2.Client | str,
     body: str | dict,
     *,
     expect: int | None = None,
@@ -35,8 +35,8 @@ def post_audit(
     is the answer's status."""
     body = {"url": body} if isinstance(body, str) else body
     if isinstance(client, str):
-        response = httpx.post(f"{client}/api/audits", json=body, timeout=10)
-    elif isinstance(client, httpx.Client):
+        response = httpx2.post(f"{client}/api/audits", json=body, timeout=10)
+    elif isinstance(client, httpx2.Client):
         response = client.post("/api/audits", json=body)
     else:
         response = client.post(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from audits import submission
@@ -30,7 +30,7 @@ def burst(live_server, urls_per_client: list[list[str]]) -> list[int]:
     start = threading.Barrier(len(urls_per_client))
 
     def client(urls):
-        with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        with httpx2.Client(base_url=live_server.url, timeout=30) as http:
             start.wait()
             for url in urls:
                 statuses.append(http.post("/api/audits", json={"url": url}).status_code)

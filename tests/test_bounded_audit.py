@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 
-import httpx
+import httpx2
 import psutil
 import pytest
 from django.conf import settings as django_settings
@@ -113,14 +113,14 @@ def test_hostile_pages_give_bounded_audits_through_a_worker(live_server, hostile
     worker = start_worker("audits", env={"AUDIT_MAX_LINK_CHECKS": "0", "AUDIT_MAX_LINKS": "300"})
     submitted = {}
     for path in ("/links", "/huge", "/deep"):
-        response = httpx.post(
+        response = httpx2.post(
             f"{live_server.url}/api/audits", json={"url": hostile.url + path}, timeout=10
         )
         assert response.status_code == 202, response.text
         submitted[path] = response.json()["id"]
 
     def finished(audit_id):
-        response = httpx.get(f"{live_server.url}/api/audits/{audit_id}", timeout=10)
+        response = httpx2.get(f"{live_server.url}/api/audits/{audit_id}", timeout=10)
         return response.json()["status"] in {"succeeded", "failed"} and response
 
     served = {
@@ -171,7 +171,7 @@ def test_a_page_of_200000_anchors_is_audited_in_bounded_memory(live_server, host
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    response = httpx.post(
+    response = httpx2.post(
         f"{live_server.url}/api/audits", json={"url": hostile.url + "/anchors"}, timeout=10
     )
     assert response.status_code == 202, response.text

@@ -245,13 +245,13 @@ def test_a_lookup_the_resolver_never_answers_ends_at_the_deadline(silent_resolve
 # hanging at its deadline, then `localhost` (from /etc/hosts), at once.
 _LOOKUP_BESIDE_A_HUNG_ONE = """
 import json, sys, time
-import httpcore
+import httpcore2
 from outbound.guard import resolve
 
 try:
     resolve(sys.argv[1], 80, 0.5)
     hung = "answered"
-except httpcore.ConnectTimeout:
+except httpcore2.ConnectTimeout:
     hung = "timed out"
 started = time.monotonic()
 addresses = resolve("localhost", 80, 5.0)

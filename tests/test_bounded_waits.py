@@ -8,7 +8,7 @@ import json
 import math
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from audits.admission import admit_submission
@@ -70,12 +70,12 @@ def test_a_retry_after_is_clamped_to_the_farthest_time_or_ignored(value, seconds
 )
 def test_a_huge_negative_or_nan_reset_or_count_is_clamped(value, reset_at, remaining):
     limits = parse_limit_headers(
-        httpx.Headers({"x-ratelimit-reset": value, "x-ratelimit-remaining": value}), now=NOW
+        httpx2.Headers({"x-ratelimit-reset": value, "x-ratelimit-remaining": value}), now=NOW
     )
     assert limits.reset_at == reset_at
     assert limits.remaining == remaining
     ietf = parse_limit_headers(
-        httpx.Headers({"ratelimit": f"limit=5, remaining=0, reset={value}"}), now=NOW
+        httpx2.Headers({"ratelimit": f"limit=5, remaining=0, reset={value}"}), now=NOW
     )
     assert ietf.reset_at is None or math.isfinite(ietf.reset_at)
     assert ietf.reset_at is None or NOW <= ietf.reset_at <= NOW + FAR
@@ -85,8 +85,8 @@ def test_a_400_digit_retry_after_is_recorded_not_raised(scripted, redis_client):
     server = scripted((429, {"Retry-After": "9" * 400}, None))
     started = time.time()
     with pytest.raises(RateLimited) as limited:
-        OutboundClient(httpx.Client(), inline_max_wait=1).send(
-            httpx.Request("GET", f"{server.url}/x")
+        OutboundClient(httpx2.Client(), inline_max_wait=1).send(
+            httpx2.Request("GET", f"{server.url}/x")
         )
     assert started + FAR <= limited.value.retry_at <= time.time() + FAR
     row = RateLimitObservation.objects.get()
@@ -96,8 +96,8 @@ def test_a_400_digit_retry_after_is_recorded_not_raised(scripted, redis_client):
 # --- Which answers block a host ------------------------------------------------------
 
 
-def answered(status: int, headers: dict, body: dict | None = None) -> httpx.Response:
-    return httpx.Response(status, headers=headers, json=body if body is not None else {})
+def answered(status: int, headers: dict, body: dict | None = None) -> httpx2.Response:
+    return httpx2.Response(status, headers=headers, json=body if body is not None else {})
 
 
 @pytest.mark.parametrize("status", [200, 301, 404, 500, 502])
@@ -145,22 +145,22 @@ def test_a_403_blocks_a_github_credential_but_never_a_plain_host(redis_client):
 
 def test_a_200_with_retry_after_does_not_hold_the_next_call_to_the_host(scripted, redis_client):
     server = scripted((200, {"Retry-After": "86400"}, None), (200, {}, None))
-    client = OutboundClient(httpx.Client(), inline_max_wait=1)
-    assert client.send(httpx.Request("GET", f"{server.url}/a")).status_code == 200
-    assert client.send(httpx.Request("GET", f"{server.url}/b")).status_code == 200
+    client = OutboundClient(httpx2.Client(), inline_max_wait=1)
+    assert client.send(httpx2.Request("GET", f"{server.url}/a")).status_code == 200
+    assert client.send(httpx2.Request("GET", f"{server.url}/b")).status_code == 200
     assert server.requests == 2
 
 
 def test_a_host_blocked_past_the_inline_budget_is_refused_without_a_slot(scripted, redis_client):
     server = scripted((429, {"Retry-After": "999999999"}, None))
-    client = OutboundClient(httpx.Client(), slots=link_check_slots(), inline_max_wait=1)
+    client = OutboundClient(httpx2.Client(), slots=link_check_slots(), inline_max_wait=1)
     with pytest.raises(RateLimited):
-        client.send(httpx.Request("GET", f"{server.url}/a"))
+        client.send(httpx2.Request("GET", f"{server.url}/a"))
     # A hundred more calls, at a slot rate of one a second: refused at once, no request.
     started = time.monotonic()
     for n in range(100):
         with pytest.raises(RateLimited):
-            client.send(httpx.Request("GET", f"{server.url}/{n}"))
+            client.send(httpx2.Request("GET", f"{server.url}/{n}"))
     assert time.monotonic() - started < 10
     assert server.requests == 1
 

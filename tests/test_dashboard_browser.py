@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -43,7 +43,7 @@ def test_the_dashboard_plots_a_run_with_forced_retries(
     # Pages without links, so no link-check tasks join the counts.
     urls += [f"{site.base_url}/no-security-headers", f"{site.base_url}/noindex"]
     for url in urls:
-        response = httpx.post(f"{live_server.url}/api/audits", json={"url": url}, timeout=10)
+        response = httpx2.post(f"{live_server.url}/api/audits", json={"url": url}, timeout=10)
         assert response.status_code == 202, response.text
 
     def all_done():
@@ -53,14 +53,14 @@ def test_the_dashboard_plots_a_run_with_forced_retries(
     # The postrun signal counts a completion just after the row is finished.
     wait_for(
         lambda: (
-            httpx.get(f"{live_server.url}/api/stats", timeout=10).json()["totals"]["completions"]
+            httpx2.get(f"{live_server.url}/api/stats", timeout=10).json()["totals"]["completions"]
             == len(urls)
         ),
         timeout=10,
         message="every completion to be counted",
         show=[worker],
     )
-    totals = httpx.get(f"{live_server.url}/api/stats?window=1h", timeout=10).json()["totals"]
+    totals = httpx2.get(f"{live_server.url}/api/stats?window=1h", timeout=10).json()["totals"]
     assert (totals["retry_attempts"], totals["downstream_requests"], totals["unique_jobs"]) == (
         6,
         12,

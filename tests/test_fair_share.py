@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from audits import submission
@@ -30,12 +30,12 @@ pytestmark = pytest.mark.slow
 threads_worker = module_worker("audits", concurrency=8, pool="threads")
 
 
-def from_address(live_server, address: str) -> httpx.Client:
+def from_address(live_server, address: str) -> httpx2.Client:
     """An HTTP client whose requests come from `address` (a loopback address of its own)."""
-    return httpx.Client(
+    return httpx2.Client(
         base_url=live_server.url,
         timeout=30,
-        transport=httpx.HTTPTransport(local_address=address),
+        transport=httpx2.HTTPTransport(local_address=address),
     )
 
 

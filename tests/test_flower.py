@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-import httpx
+import httpx2
 import pytest
 from django.conf import settings
 
@@ -81,20 +81,20 @@ def test_flower_refuses_a_request_without_its_basic_auth(redis_client):
 
     def answers():
         try:
-            return httpx.get(url, timeout=2)
-        except httpx.TransportError:
+            return httpx2.get(url, timeout=2)
+        except httpx2.TransportError:
             return None
 
     try:
         refused = wait_for(answers, timeout=60, interval=0.3, message="Flower to answer")
         assert refused.status_code == 401
-        assert httpx.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
-        assert httpx.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 200
+        assert httpx2.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
+        assert httpx2.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 200
         # docker-compose's healthcheck polls this one without credentials.
-        assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
+        assert httpx2.get(f"{url}healthcheck", timeout=5).status_code == 200
         # /metrics (every task name, worker and queue) answered anyone.
-        assert httpx.get(f"{url}metrics", timeout=5).status_code == 401
-        metrics = httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5)
+        assert httpx2.get(f"{url}metrics", timeout=5).status_code == 401
+        metrics = httpx2.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5)
         assert metrics.status_code == 200 and "flower_" in metrics.text
     finally:
         terminate(flower)
@@ -108,18 +108,18 @@ def test_flower_locks_out_an_address_after_repeated_failed_logins(redis_client):
 
     def answers():
         try:
-            return httpx.get(f"{url}healthcheck", timeout=2)
-        except httpx.TransportError:
+            return httpx2.get(f"{url}healthcheck", timeout=2)
+        except httpx2.TransportError:
             return None
 
     try:
         wait_for(answers, timeout=60, interval=0.3, message="Flower to answer")
         for _ in range(3):
-            assert httpx.get(url, auth=("ops", "guess"), timeout=5).status_code == 401
+            assert httpx2.get(url, auth=("ops", "guess"), timeout=5).status_code == 401
         # Locked: even the right password is refused, on every page that needs a login.
-        assert httpx.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 429
-        assert httpx.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5).status_code == 429
-        assert httpx.get(f"{url}healthcheck", timeout=5).status_code == 200
+        assert httpx2.get(url, auth=("ops", "let-me-in"), timeout=5).status_code == 429
+        assert httpx2.get(f"{url}metrics", auth=("ops", "let-me-in"), timeout=5).status_code == 429
+        assert httpx2.get(f"{url}healthcheck", timeout=5).status_code == 200
     finally:
         terminate(flower)
 
@@ -134,8 +134,8 @@ def test_flower_reports_the_length_of_plumbs_queues(redis_client):
 
     def lengths():
         try:
-            answer = httpx.get(f"{url}api/queues/length", auth=("ops", "let-me-in"), timeout=5)
-        except httpx.TransportError:
+            answer = httpx2.get(f"{url}api/queues/length", auth=("ops", "let-me-in"), timeout=5)
+        except httpx2.TransportError:
             return None
         return answer
 
@@ -146,7 +146,7 @@ def test_flower_reports_the_length_of_plumbs_queues(redis_client):
         assert answer.status_code == 200, answer.text
         queues = {queue["name"]: queue["messages"] for queue in answer.json()["active_queues"]}
         assert queues[settings.AUDIT_QUEUE] == 3
-        broker_page = httpx.get(f"{url}broker", auth=("ops", "let-me-in"), timeout=5)
+        broker_page = httpx2.get(f"{url}broker", auth=("ops", "let-me-in"), timeout=5)
         assert broker_page.status_code == 200
     finally:
         terminate(flower)

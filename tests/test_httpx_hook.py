@@ -1,8 +1,8 @@
-"""outbound.client's one private httpx hook, pinned: the pool's network backend.
+"""outbound.client's one private httpx2 hook, pinned: the pool's network backend.
 
-httpx has no public way to choose how connections are opened, so build_client sets
+httpx2 has no public way to choose how connections are opened, so build_client sets
 `transport._pool._network_backend` (the SSRF guard and each exchange's deadline live
-there). If httpx or httpcore renamed either attribute, the assignment would still
+there). If httpx2 or httpcore2 renamed either attribute, the assignment would still
 succeed and silently stop mattering: every connection would skip the guard and the
 deadline. These tests fail then, the way tests/test_transport.py pins kombu's method.
 """
@@ -12,22 +12,22 @@ from __future__ import annotations
 import socket
 import time
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 import pytest
 
 from outbound import bounded
 from outbound.client import build_client
 from outbound.guard import GuardedNetworkBackend, TargetNotAllowed
 
-# The httpcore whose ConnectionPool was read for this hook: it keeps the backend in
+# The httpcore2 whose ConnectionPool was read for this hook: it keeps the backend in
 # `_network_backend` and hands it to every connection it opens.
-REVIEWED_HTTPCORE = "1.0.9"
+REVIEWED_HTTPCORE = "2.17.0"
 
 
 def test_the_httpcore_read_for_the_hook_is_the_one_installed():
-    assert httpcore.__version__ == REVIEWED_HTTPCORE, (
-        "httpcore changed: check that ConnectionPool still opens every connection through "
+    assert httpcore2.__version__ == REVIEWED_HTTPCORE, (
+        "httpcore2 changed: check that ConnectionPool still opens every connection through "
         "`self._network_backend` (outbound.client.build_client sets it), then update "
         "REVIEWED_HTTPCORE"
     )
@@ -55,7 +55,7 @@ def test_every_connection_ends_at_the_exchanges_deadline():
     request.extensions[bounded.DEADLINE] = time.monotonic() + 1
     started = time.monotonic()
     try:
-        with pytest.raises(httpx.TimeoutException):
+        with pytest.raises(httpx2.TimeoutException):
             client.send(request)
     finally:
         listener.close()

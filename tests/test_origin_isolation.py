@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 
-import httpx
+import httpx2
 import pytest
 from django.conf import settings
 
@@ -177,7 +177,7 @@ def test_every_spelling_of_an_origin_waits_for_its_one_slot(site, redis_client, 
     one_at_a_time = SlotLimit("pages", concurrency=1, lease=30, wait_inline=False)
     outbound = OutboundClient(shared_client(timeout=10), slots=one_at_a_time)
 
-    def send(url: str) -> httpx.Response:
+    def send(url: str) -> httpx2.Response:
         response = outbound.send(outbound.http.build_request("GET", url))
         response.close()
         return response

@@ -6,7 +6,7 @@ import json
 import random
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from jobs import delayed
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.django_db
 INSTALLATION = github_installation_key(77)
 
 
-def response(status=200, headers=None, body=None) -> httpx.Response:
-    return httpx.Response(status, headers=headers or {}, json=body if body is not None else {})
+def response(status=200, headers=None, body=None) -> httpx2.Response:
+    return httpx2.Response(status, headers=headers or {}, json=body if body is not None else {})
 
 
 # --- Reading the headers ---------------------------------------------------------
@@ -42,7 +42,7 @@ def response(status=200, headers=None, body=None) -> httpx.Response:
 
 def test_it_reads_githubs_rate_limit_headers():
     limits = parse_limit_headers(
-        httpx.Headers({
+        httpx2.Headers({
             "x-ratelimit-limit": "5000", "x-ratelimit-remaining": "0", "x-ratelimit-used": "5000",
             "x-ratelimit-reset": "1900000000", "x-ratelimit-resource": "graphql",
         }),
@@ -62,7 +62,7 @@ def test_it_reads_githubs_rate_limit_headers():
     ],
 )
 def test_it_reads_the_ietf_ratelimit_fields(headers):
-    limits = parse_limit_headers(httpx.Headers(headers), now=1000.0)
+    limits = parse_limit_headers(httpx2.Headers(headers), now=1000.0)
     assert limits.limit == 100
     assert limits.remaining == 0
     assert limits.reset_at == 1030.0  # IETF reset is delta-seconds
@@ -179,16 +179,16 @@ class Sleeps(list):
 def test_a_60s_retry_after_is_not_retried_inline(scripted):
     server = scripted((429, {"Retry-After": "60"}, None), (200, {}, None))
     sleeps = Sleeps()
-    client = OutboundClient(httpx.Client(), inline_max_wait=5, sleep=sleeps)
+    client = OutboundClient(httpx2.Client(), inline_max_wait=5, sleep=sleeps)
     started = time.time()
     with pytest.raises(RateLimited) as limited:
-        client.send(httpx.Request("GET", f"{server.url}/x"))
+        client.send(httpx2.Request("GET", f"{server.url}/x"))
     assert server.requests == 1
     assert sleeps == []
     assert limited.value.retry_at >= started + 60
     # And the next call to that host is refused before it is made.
     with pytest.raises(RateLimited):
-        client.send(httpx.Request("GET", f"{server.url}/y"))
+        client.send(httpx2.Request("GET", f"{server.url}/y"))
     assert server.requests == 1
 
 
@@ -196,9 +196,9 @@ def test_a_short_retry_after_is_slept_in_full_plus_jitter_then_retried(scripted)
     server = scripted((429, {"Retry-After": "1"}, None), (200, {}, None))
     sleeps = Sleeps()
     client = OutboundClient(
-        httpx.Client(), inline_max_wait=5, sleep=lambda s: (sleeps(s), time.sleep(s))
+        httpx2.Client(), inline_max_wait=5, sleep=lambda s: (sleeps(s), time.sleep(s))
     )
-    assert client.send(httpx.Request("GET", f"{server.url}/x")).status_code == 200
+    assert client.send(httpx2.Request("GET", f"{server.url}/x")).status_code == 200
     assert server.requests == 2
     assert len(sleeps) == 1 and sleeps[0] >= 0.9  # the whole Retry-After, never less
 

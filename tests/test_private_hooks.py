@@ -1,7 +1,7 @@
 """Tripwires: each private name of a library that the product relies on, pinned to the
 version reviewed, so an upgrade that renames or rewrites it fails here, loudly and by
 name, instead of silently turning a fix off (the pattern of tests/test_transport.py,
-kombu's `Channel._brpop_read`, and tests/test_httpx_hook.py, httpcore's
+kombu's `Channel._brpop_read`, and tests/test_httpx_hook.py, httpcore2's
 `_network_backend`). A failure says what to re-read; then update the pin.
 
 Each pins the library's code by the sha256 of its source where the product relies on

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-import httpx
+import httpx2
 import pytest
 
 from config import devservices
@@ -35,8 +35,8 @@ def supervisor():
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
+        return httpx2.get(url, timeout=1).status_code == 200
+    except httpx2.HTTPError:
         return False
 
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from django.conf import settings
 
@@ -51,13 +51,13 @@ def probe_a_start(tmp_path: Path) -> tuple[list[str], str]:
             while time.monotonic() < deadline and "200" not in outcomes:
                 assert web.poll() is None, log.read_text()
                 try:
-                    status = httpx.get(
+                    status = httpx2.get(
                         f"http://127.0.0.1:{port}/healthz", timeout=PROBE_TIMEOUT_SECONDS
                     ).status_code
                     outcomes.append(str(status))
-                except httpx.ConnectError:
+                except httpx2.ConnectError:
                     outcomes.append("refused")
-                except httpx.TimeoutException:
+                except httpx2.TimeoutException:
                     outcomes.append("hung")
                 time.sleep(PROBE_EVERY_SECONDS)
         finally:

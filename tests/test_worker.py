@@ -8,7 +8,7 @@ import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import httpx2
 import pytest
 from django.db import connection
 
@@ -26,7 +26,7 @@ audits_worker = module_worker("audits", concurrency=4, env={"RETRY_BACKOFF_BASE_
 
 
 def read(live_server, audit: dict) -> dict:
-    return httpx.get(
+    return httpx2.get(
         audit["links"]["self"].replace("http://testserver", live_server.url), timeout=10
     ).json()
 

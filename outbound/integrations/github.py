@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import quote
 
-import httpx
+import httpx2
 import jwt
 from django.conf import settings
 
@@ -119,7 +119,7 @@ def serial_slots() -> SlotLimit:
     )
 
 
-def _parsed_body(what: str, response: httpx.Response) -> dict:
+def _parsed_body(what: str, response: httpx2.Response) -> dict:
     try:
         body = response.json()
     except ValueError as exc:
@@ -129,13 +129,13 @@ def _parsed_body(what: str, response: httpx.Response) -> dict:
     return body
 
 
-def _send(outbound: OutboundClient, request: httpx.Request, *, key: str, resource: str):
-    """One call through the sender; what httpx and the guard raise becomes jobs.errors."""
+def _send(outbound: OutboundClient, request: httpx2.Request, *, key: str, resource: str):
+    """One call through the sender; what httpx2 and the guard raise becomes jobs.errors."""
     try:
         return outbound.send(request, key=key, resource=resource)
     except TargetNotAllowed as exc:
         raise Permanent(f"GitHub API: {exc}") from exc
-    except (httpx.TransportError, httpx.DecodingError) as exc:
+    except (httpx2.TransportError, httpx2.DecodingError) as exc:
         raise Transient(f"GitHub API: {exc.__class__.__name__}: {exc}") from exc
 
 
@@ -252,7 +252,7 @@ class GitHubClient:
 
     def request(
         self, method: str, path: str, *, resource: str, json_body: dict | None = None
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """One API call admitted against (credentials' key, resource); a 401 refreshes once.
 
         A retryable answer (5xx, 408, 425) raises Transient; any other answer is returned.
@@ -323,7 +323,7 @@ class GitHubClient:
             moved=full_name.lower() != f"{owner}/{name}".lower(),
         )
 
-    def _renamed_to(self, moved: httpx.Response) -> httpx.Response | None:
+    def _renamed_to(self, moved: httpx2.Response) -> httpx2.Response | None:
         """The repository a rename points at (GitHub's `/repositories/<id>`), or None when
         the answer names no location on this API."""
         try:

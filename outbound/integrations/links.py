@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 from django.conf import settings
 
 from jobs.errors import Permanent, Transient
@@ -211,9 +211,9 @@ def check_http(
         return LinkOutcome(BROKEN, exc.status_code, chain.current, detail="too many redirects")
     except UnfollowableRedirect as exc:
         return LinkOutcome(BROKEN, exc.status_code, chain.current, detail=str(exc))
-    except httpx.TimeoutException as exc:
+    except httpx2.TimeoutException as exc:
         raise Transient(f"timed out after {timeout:g}s checking {chain.current}") from exc
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         if does_not_resolve(exc):
             return LinkOutcome(BROKEN, final_url=chain.current, detail="host does not resolve")
         raise Transient(f"could not check {chain.current}: {exc}") from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
 from django.conf import settings
 
 from jobs.errors import Permanent, Transient
@@ -44,7 +44,7 @@ class Validators:
     last_modified: str = ""
 
     @classmethod
-    def of(cls, url: str, headers: httpx.Headers) -> Validators | None:
+    def of(cls, url: str, headers: httpx2.Headers) -> Validators | None:
         found = cls(url, headers.get("etag", ""), headers.get("last-modified", ""))
         return found if found.etag or found.last_modified else None
 
@@ -75,7 +75,7 @@ class FetchedPage:
     requested_url: str
     final_url: str
     status_code: int
-    headers: httpx.Headers
+    headers: httpx2.Headers
     body: bytes
     truncated: bool
     ttfb_ms: float
@@ -156,9 +156,9 @@ def fetch_page(
         raise Permanent(
             f"{chain.current} redirects to {exc.location!r}, which cannot be fetched: {exc}"
         ) from None
-    except httpx.TimeoutException as exc:
+    except httpx2.TimeoutException as exc:
         raise Transient(f"timed out after {timeout:g}s fetching {chain.current}") from exc
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise Transient(
             f"could not fetch {chain.current}: {exc.__class__.__name__}: {exc}"
         ) from exc
@@ -185,7 +185,7 @@ def fetch_page(
 
 
 def _read_body(
-    response: httpx.Response, *, max_bytes: int, deadline: float, timeout: float
+    response: httpx2.Response, *, max_bytes: int, deadline: float, timeout: float
 ) -> tuple[bytes, bool]:
     # The client decodes the body and cuts it at max_bytes, and its reads end at the
     # deadline (outbound.bounded); the checks here restate both for this loop.
@@ -199,10 +199,10 @@ def _read_body(
                 return b"".join(chunks)[:max_bytes], True
             if time.monotonic() > deadline:
                 raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}")
-    except httpx.TimeoutException as exc:
+    except httpx2.TimeoutException as exc:
         raise Transient(f"timed out after {timeout:g}s reading the body of {response.url}") from exc
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise Transient(f"connection broke reading the body of {response.url}: {exc}") from exc
-    except httpx.DecodingError as exc:
+    except httpx2.DecodingError as exc:
         raise Permanent(f"cannot decode the body of {response.url}: {exc}") from None
     return b"".join(chunks), bool(response.extensions.get(TRUNCATED))

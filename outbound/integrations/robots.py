@@ -25,7 +25,7 @@ import functools
 import time
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 from django.conf import settings
 from protego import Protego
 
@@ -93,11 +93,11 @@ def fetch_robots(origin: str) -> RobotsInfo:
     except RedirectError as exc:
         # Google: past five hops (or a hop nowhere) robots.txt is treated as a 404.
         return RobotsInfo(url, exc.status_code, availability=UNAVAILABLE, error=str(exc))
-    except httpx.TimeoutException:
+    except httpx2.TimeoutException:
         return RobotsInfo(
             url, None, availability=UNREACHABLE, error=f"timed out after {timeout:g}s"
         )
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         if does_not_resolve(exc):
             # Nothing to be polite to: the link's own check reports the dead host.
             return RobotsInfo(url, None, availability=UNAVAILABLE, error="host does not resolve")
@@ -112,9 +112,9 @@ def fetch_robots(origin: str) -> RobotsInfo:
         body = b"".join(response.iter_bytes())
         truncated = len(body) > ROBOTS_MAX_BYTES or bool(response.extensions.get(TRUNCATED))
         return RobotsInfo(url, status, decode(body), RULES, truncated=truncated)
-    except httpx.TimeoutException:
+    except httpx2.TimeoutException:
         return RobotsInfo(url, None, availability=UNREACHABLE, error="timed out reading the body")
-    except (httpx.TransportError, httpx.DecodingError) as exc:
+    except (httpx2.TransportError, httpx2.DecodingError) as exc:
         return RobotsInfo(url, None, availability=UNREACHABLE, error=f"reading the body: {exc}")
     finally:
         response.close()

@@ -22,7 +22,7 @@ import base64
 import binascii
 from datetime import UTC, datetime
 
-import httpx
+import httpx2
 from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
@@ -112,7 +112,7 @@ def post(url: str, *, body: str, headers: dict[str, str]) -> int:
             response.close()
     except TargetNotAllowed as exc:
         raise Permanent(str(exc)) from None
-    except httpx.HTTPError as exc:
+    except httpx2.HTTPError as exc:
         raise Transient(f"{exc.__class__.__name__}: {exc}") from None
     status = response.status_code
     if 200 <= status < 300:
@@ -122,7 +122,7 @@ def post(url: str, *, body: str, headers: dict[str, str]) -> int:
     raise unwanted_answer(f"HTTP {status}" + (f": {excerpt}" if excerpt else ""), response)
 
 
-def _excerpt(response: httpx.Response) -> str:
+def _excerpt(response: httpx2.Response) -> str:
     """The start of the receiver's answer, kept with a failure."""
     excerpt = b""
     try:
@@ -130,6 +130,6 @@ def _excerpt(response: httpx.Response) -> str:
             excerpt += chunk
             if len(excerpt) >= ERROR_BODY_BYTES:
                 break
-    except httpx.DecodingError:
+    except httpx2.DecodingError:
         return "(a body Plumb does not decode)"
     return excerpt[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-import httpx
+import httpx2
 from django.db import connection
 
 from config import devservices
@@ -37,11 +37,11 @@ class WebProcess:
 
     def _answers(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/api/schema", timeout=2).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"{self.url}/api/schema", timeout=2).status_code == 200
+        except httpx2.HTTPError:
             return False
 
-    def submit(self, url: str) -> httpx.Response:
+    def submit(self, url: str) -> httpx2.Response:
         return post_audit(self.url, url)
 
     def stop(self):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-import httpx
+import httpx2
 import pytest
 
 from audits import submission
@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.slow]
 def test_healthz_reports_the_database_and_recovers(db_proxy):
     web = WebProcess({**os.environ, "DEBUG": "true", "DATABASE_URL": via(db_proxy)})
     try:
-        assert httpx.get(f"{web.url}/healthz", timeout=10).status_code == 200
+        assert httpx2.get(f"{web.url}/healthz", timeout=10).status_code == 200
         db_proxy.cut()
-        down = httpx.get(f"{web.url}/healthz", timeout=30)
+        down = httpx2.get(f"{web.url}/healthz", timeout=30)
         assert down.status_code == 503
         assert down.json()["checks"]["database"].startswith("error")
         assert down.json()["checks"]["redis"] == "ok"
         db_proxy.restore()
-        wait_for(lambda: httpx.get(f"{web.url}/healthz", timeout=10).status_code == 200,
+        wait_for(lambda: httpx2.get(f"{web.url}/healthz", timeout=10).status_code == 200,
                  timeout=30, message="/healthz to recover")  # fmt: skip
     finally:
         web.stop()
@@ -81,14 +81,14 @@ def test_a_connection_is_checked_before_use_after_a_database_restart(db_proxy, p
         }
     )
     try:
-        before = httpx.get(f"{web.url}/healthz", timeout=10)
+        before = httpx2.get(f"{web.url}/healthz", timeout=10)
         assert before.status_code == 200, before.text
         # Every connection the web holds dies, as in a restart or failover; then the
         # database is back before the next request.
         db_proxy.cut()
         db_proxy.restore()
         # The very first request after it gets a live connection.
-        first = httpx.get(f"{web.url}/healthz", timeout=30)
+        first = httpx2.get(f"{web.url}/healthz", timeout=30)
         assert first.status_code == 200, first.text
     finally:
         web.stop()
@@ -102,7 +102,7 @@ def test_the_queue_endpoint_shows_the_backlog_while_the_database_is_away(db_prox
     try:
         redis_client.lpush("audits", "a message waiting")
         db_proxy.cut()
-        response = httpx.get(f"{web.url}/api/queue", timeout=30)
+        response = httpx2.get(f"{web.url}/api/queue", timeout=30)
         assert response.status_code == 200, response.text
         body = response.json()
         assert (body["waiting"], body["backlog"], body["scheduled"]) == (1, 1, None)

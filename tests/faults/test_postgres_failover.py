@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-import httpx
+import httpx2
 import pytest
 
 from bench.pgcluster import PgCluster
@@ -30,7 +30,7 @@ class Submitter(threading.Thread):
     def __init__(self, web: WebProcess, page_url: str):
         super().__init__(daemon=True)
         self.web, self.page_url = web, page_url
-        self.answers: list[httpx.Response] = []
+        self.answers: list[httpx2.Response] = []
         self.stopped = threading.Event()
 
     def run(self):
@@ -39,14 +39,14 @@ class Submitter(threading.Thread):
             number += 1
             self.answers.append(self.web.submit(f"{self.page_url}?n={number}"))
 
-    def finish(self) -> list[httpx.Response]:
+    def finish(self) -> list[httpx2.Response]:
         self.stopped.set()
         self.join(timeout=30)
         return self.answers
 
 
 def audit_status(web: WebProcess, audit_id: str) -> str:
-    return httpx.get(f"{web.url}/api/audits/{audit_id}", timeout=10).json()["status"]
+    return httpx2.get(f"{web.url}/api/audits/{audit_id}", timeout=10).json()["status"]
 
 
 def test_promoting_the_replica_under_load_loses_no_accepted_audit(site, start_worker, settings):

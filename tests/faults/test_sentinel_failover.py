@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from audits.models import Audit
@@ -147,9 +147,9 @@ def test_flower_reaches_the_workers_through_the_sentinels_across_a_failover(
     def lists_the_worker() -> bool:
         # refresh=1: Flower asks the workers now (a broadcast over the broker's pub/sub).
         try:
-            answer = httpx.get(f"http://127.0.0.1:{port}/api/workers?refresh=1",
+            answer = httpx2.get(f"http://127.0.0.1:{port}/api/workers?refresh=1",
                                auth=("ops", "pw"), timeout=10)  # fmt: skip
-        except httpx.TransportError:
+        except httpx2.TransportError:
             return False
         return answer.status_code == 200 and worker.name in "".join(answer.json())
 
@@ -158,7 +158,7 @@ def test_flower_reaches_the_workers_through_the_sentinels_across_a_failover(
         sentinel_group.failover()
         wait_for(lists_the_worker, timeout=30, interval=0.5, message="Flower, after the failover")
         # Its queue lengths come from the master the first sentinel names.
-        lengths = httpx.get(f"http://127.0.0.1:{port}/api/queues/length",
+        lengths = httpx2.get(f"http://127.0.0.1:{port}/api/queues/length",
                             auth=("ops", "pw"), timeout=10)  # fmt: skip
         assert lengths.status_code == 200, lengths.text
     finally:

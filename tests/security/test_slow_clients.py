@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-import httpx
+import httpx2
 import pytest
 from django.conf import settings
 
@@ -71,8 +71,8 @@ def start_web(tmp_path, env: dict) -> tuple[subprocess.Popen, str, int]:
             if server.poll() is not None:
                 return "exited"
             try:
-                return httpx.get(f"{base}/healthz", timeout=2).status_code == 200 and "answered"
-            except httpx.TransportError:
+                return httpx2.get(f"{base}/healthz", timeout=2).status_code == 200 and "answered"
+            except httpx2.TransportError:
                 return False
 
         try:
@@ -100,7 +100,7 @@ def test_healthz_answers_while_fifty_clients_trickle_their_headers(web):
             for sock in tricklers:
                 sock.sendall(b"a")  # still sending: a header is never finished
             # The bound is generous against a loaded machine; sync workers never answered.
-            response = httpx.get(f"{base}/healthz", timeout=10)
+            response = httpx2.get(f"{base}/healthz", timeout=10)
             assert response.status_code == 200
             time.sleep(0.2)
     finally:
@@ -136,9 +136,9 @@ def test_stalled_bodies_are_cut_off_at_the_deadline_and_the_web_keeps_answering(
             sock = socket.create_connection(("127.0.0.1", port), timeout=5)
             sock.sendall(post_headers(cap) + b"x" * (cap - 1))
             stalled.append(sock)
-        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        assert httpx2.get(f"{base}/healthz", timeout=10).status_code == 200
         # A whole body still reaches the API meanwhile (which says `[]` is no object).
-        submission = httpx.post(
+        submission = httpx2.post(
             f"{base}/api/audits", content=b"[]", headers={"Content-Type": "application/json"},
             timeout=10,
         )  # fmt: skip
@@ -159,7 +159,7 @@ def test_stalled_bodies_are_cut_off_at_the_deadline_and_the_web_keeps_answering(
         for sock in stalled:
             status, body = answer(sock, timeout=5)
             assert status == 408 and body["error"] == "request_timeout"
-        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        assert httpx2.get(f"{base}/healthz", timeout=10).status_code == 200
     finally:
         for sock in stalled:
             sock.close()
@@ -185,20 +185,20 @@ def test_a_body_declared_over_the_cap_is_refused_before_it_is_sent(web):
 def test_a_body_over_the_cap_is_refused_before_django_reads_it(web):
     base, _ = web
     cap = settings.API_MAX_BODY_BYTES
-    declared = httpx.post(f"{base}/api/audits", content=b"x" * (cap + 1), timeout=10)
+    declared = httpx2.post(f"{base}/api/audits", content=b"x" * (cap + 1), timeout=10)
     assert declared.status_code == 413
 
     def endless():
         for _ in range(cap // 65536 + 2):
             yield b"x" * 65536
 
-    chunked = httpx.post(f"{base}/api/audits", content=endless(), timeout=10)
+    chunked = httpx2.post(f"{base}/api/audits", content=endless(), timeout=10)
     assert chunked.status_code == 413
     assert chunked.json()["error"] == "payload_too_large"
     # A body within the cap reaches the API, which answers it (here: not a JSON object).
-    within = httpx.post(
+    within = httpx2.post(
         f"{base}/api/audits", content=b"[" + b" " * (cap - 2) + b"]",
         headers={"Content-Type": "application/json"}, timeout=10,
     )  # fmt: skip
     assert within.status_code == 400, within.text
-    assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    assert httpx2.get(f"{base}/healthz", timeout=10).status_code == 200

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-import httpx
+import httpx2
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError
@@ -29,13 +29,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, api: str, site: str, wait: float, **options):
         deadline = time.monotonic() + wait
-        with httpx.Client(timeout=5, headers=self._authorization()) as client:
+        with httpx2.Client(timeout=5, headers=self._authorization()) as client:
             for url in (f"{api}/healthz", f"{site}/"):
                 while True:
                     try:
                         if client.get(url).status_code == 200:
                             break
-                    except httpx.HTTPError:
+                    except httpx2.HTTPError:
                         pass
                     if time.monotonic() > deadline:
                         raise CommandError(f"{url} did not answer within {wait:g}s")
