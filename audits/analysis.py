@@ -269,7 +269,13 @@ def _lexbor_input(body: bytes, sniffed: SniffedEncoding, chunks: list[str]) -> b
     its encoding (EF BF BD): a replacement adds one that no such sequence accounts for,
     and no invalid sequence can swallow one (EF is never a continuation byte). CNN's
     pages carry a few of their own.
+
+    A page of more than MAX_NULS_PARSED NULs is the decoded text without them.
     """
+    if any("\x00" in chunk for chunk in chunks) and (
+        sum(chunk.count("\x00") for chunk in chunks) > MAX_NULS_PARSED
+    ):
+        return "".join(chunk.replace("\x00", "") for chunk in chunks)
     if sniffed.codec != "utf-8":
         return "".join(chunks)
     in_text = sum(chunk.count("\ufffd") for chunk in chunks)
@@ -279,6 +285,12 @@ def _lexbor_input(body: bytes, sniffed: SniffedEncoding, chunks: list[str]) -> b
 
 
 _UTF8_REPLACEMENT_CHARACTER = "\ufffd".encode()
+
+# Every NUL in a page is a parse error, and Lexbor keeps a record of each while it builds
+# the tree: 5 MiB of NULs took 88 MiB. A page holding more than this many has them
+# dropped before the parse, as a browser drops them from body text (in a title, an
+# attribute or a script it would show U+FFFD); fewer are parsed as a browser parses them.
+MAX_NULS_PARSED = 100_000
 
 
 # A page with at most this many `<` has at most as many elements, nested at most as
@@ -313,7 +325,9 @@ def _too_big_for_a_tree(gauge: DepthGauge) -> str | None:
 
 class DepthGauge:
     """An lxml parser target measuring how deep the page's elements nest and how many
-    there are: what a tree of the page would cost, before building it."""
+    there are: what a tree of the page would cost, before building it. A comment is a
+    node of the tree as an element is (5 MiB of `<!-->` made a tree of 155 MiB), so it
+    counts as one."""
 
     def __init__(self):
         self.depth = 0
@@ -328,6 +342,9 @@ class DepthGauge:
 
     def end(self, tag: str) -> None:
         self.depth -= 1
+
+    def comment(self, text: str) -> None:
+        self.elements += 1
 
     def close(self) -> None:
         pass

@@ -9,8 +9,8 @@ audit truncates at AUDIT_MAX_PAGE_BYTES (5 MiB) like the bomb. A real
 `celery worker -Q audits -P threads` audits each in turn (after one warm-up audit),
 while the peak resident memory of its process tree is sampled every 10 ms. For the
 old behaviour, this process reads the bomb's first 5 MiB the way the page fetch did
-before (httpx2's own `iter_bytes()`, which inflates each chunk whole through every
-coding), under the same sampling. Prints each peak growth and the ratios; uses a
+before (httpx 0.28.1's own `iter_bytes()`, which inflates each chunk whole through every
+coding; httpx 0.28.1 is installed with the dev tools), under the same sampling. Prints each peak growth and the ratios; uses a
 throwaway Redis and a fresh database (DATABASE_URL's server, else SQLite).
 """
 
@@ -43,7 +43,7 @@ import django  # noqa: E402
 
 django.setup()
 
-import httpx2  # noqa: E402
+import httpx  # noqa: E402
 import psutil  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
@@ -107,7 +107,7 @@ def old_page_read(url: str, max_bytes: int) -> float:
     """Peak growth of this process reading `url` as the page fetch did before issue 26."""
     with (
         PeakMemory(os.getpid()) as memory,
-        httpx2.Client(timeout=120) as client,
+        httpx.Client(timeout=120) as client,
         client.stream("GET", url) as response,
     ):
         size = 0
@@ -156,7 +156,7 @@ def main() -> None:
     reference = rows["plain 8 MiB page (reference)"][1]
     now = rows["bomb: 1 GiB, gzip, gzip"][1]
     print(
-        f"| bomb, read as before (httpx2 iter_bytes, this process) | - | - | - | {old:.1f} MiB | - |"
+        f"| bomb, read as before (httpx 0.28.1 iter_bytes, this process) | - | - | - | {old:.1f} MiB | - |"
     )
     print(f"\nbomb / plain page, worker peak growth: {now / max(reference, 0.1):.2f}x")
     print(f"bomb before / bomb now: {old / max(now, 0.1):.0f}x")

@@ -414,8 +414,8 @@ AUDIT_MAX_LINKS = env_int("AUDIT_MAX_LINKS", 100, minimum=0)
 # quadratic in depth; Chrome itself caps the tree at 512): its fields come from the
 # streaming pass and its tree-based findings are not applicable (audits.analysis).
 AUDIT_MAX_TREE_DEPTH = env_int("AUDIT_MAX_TREE_DEPTH", 512, minimum=1)
-# Nor is a page of more elements than this (a tree costs ~0.8 KB an element: 20,000 is
-# ~16 MB; the 30 real pages of the corpus hold at most 1,929).
+# Nor is a page of more elements and comments than this (a tree costs ~0.8 KB a node:
+# 20,000 is ~16 MB; the 30 real pages of the corpus hold at most 1,929 elements).
 AUDIT_MAX_TREE_ELEMENTS = env_int("AUDIT_MAX_TREE_ELEMENTS", 20_000, minimum=1)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
