@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -200,7 +201,8 @@ def analyze_html(
     measures both (`DepthGauge`: libxml2's HTML parser fed a chunk at a time, no tree); a
     page nested deeper than AUDIT_MAX_TREE_DEPTH or holding more than
     AUDIT_MAX_TREE_ELEMENTS elements is read by the streaming `PageReader` instead, and
-    its tree-based checks are not applicable (`too_deep`, `too_many_elements`). Either way what the result holds is bounded (AUDIT_MAX_LINKS,
+    its tree-based checks are not applicable (`too_deep`, `too_many_elements`), and so is
+    one of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). Either way what the result holds is bounded (AUDIT_MAX_LINKS,
     MAX_TEXT_LENGTH, MAX_URL_LENGTH, audits.findings.FINDING_MAX_ITEMS).
     """
     sniffed = sniff_encoding(body, charset)
@@ -210,7 +212,7 @@ def analyze_html(
     if sum(chunk.count("<") for chunk in chunks) > UNGAUGED_MAX_TAGS:
         depth = DepthGauge()
         _stream(chunks, depth)
-        too = _too_big_for_a_tree(depth)
+        too = _too_big_for_a_tree(depth) or _too_malformed_for_a_tree(chunks)
     if too:
         reader = PageReader(page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
         _stream(chunks, reader)
@@ -270,10 +272,10 @@ def _lexbor_input(body: bytes, sniffed: SniffedEncoding, chunks: list[str]) -> b
     and no invalid sequence can swallow one (EF is never a continuation byte). CNN's
     pages carry a few of their own.
 
-    A page of more than MAX_NULS_PARSED NULs is the decoded text without them.
+    A page of more than MAX_PARSE_ERRORS NULs is the decoded text without them.
     """
     if any("\x00" in chunk for chunk in chunks) and (
-        sum(chunk.count("\x00") for chunk in chunks) > MAX_NULS_PARSED
+        sum(chunk.count("\x00") for chunk in chunks) > MAX_PARSE_ERRORS
     ):
         return "".join(chunk.replace("\x00", "") for chunk in chunks)
     if sniffed.codec != "utf-8":
@@ -286,11 +288,18 @@ def _lexbor_input(body: bytes, sniffed: SniffedEncoding, chunks: list[str]) -> b
 
 _UTF8_REPLACEMENT_CHARACTER = "\ufffd".encode()
 
-# Every NUL in a page is a parse error, and Lexbor keeps a record of each while it builds
-# the tree: 5 MiB of NULs took 88 MiB. A page holding more than this many has them
-# dropped before the parse, as a browser drops them from body text (in a title, an
-# attribute or a script it would show U+FFFD); fewer are parsed as a browser parses them.
-MAX_NULS_PARSED = 100_000
+# Lexbor keeps a record of every parse error while it builds the tree (about 20 bytes
+# each; selectolax cannot turn them off), and one byte or two of markup can make one: 5
+# MiB of NULs took 88 MiB, 5 MiB of `<` opening no tag 57. A tree is built with at most
+# this many (about 2 MB of records). Past it, a page's NULs are dropped before the parse,
+# as a browser drops them from body text (in a title, an attribute or a script it would
+# show U+FFFD); a page of more `<` opening nothing gets no tree (`too_many_parse_errors`).
+MAX_PARSE_ERRORS = 100_000
+# A `<` that opens no tag, end tag, comment or declaration (`< `, `<=`, `<3`, `</>`): in
+# text, each is a parse error. Counted only on a page gauged for its size (more than
+# UNGAUGED_MAX_TAGS `<`): fewer cannot make many. Inside a script one is no error, so a
+# script counts against the bound as if it were text: a page needs 100,000 of them.
+STRAY_LT = re.compile(r"<(?![A-Za-z!?/])|</(?![A-Za-z])")
 
 
 # A page with at most this many `<` has at most as many elements, nested at most as
@@ -320,6 +329,20 @@ def _too_big_for_a_tree(gauge: DepthGauge) -> str | None:
         return "too_deep"
     if gauge.elements > settings.AUDIT_MAX_TREE_ELEMENTS:
         return "too_many_elements"
+    return None
+
+
+def _too_malformed_for_a_tree(chunks: list[str]) -> str | None:
+    """ "too_many_parse_errors" for a page of more than MAX_PARSE_ERRORS `<` opening
+    nothing (STRAY_LT), or None."""
+    stray = 0
+    for chunk in chunks:
+        # Counted only up to the bound: a page of nothing else holds millions.
+        stray += sum(
+            1 for _ in itertools.islice(STRAY_LT.finditer(chunk), MAX_PARSE_ERRORS - stray + 1)
+        )
+        if stray > MAX_PARSE_ERRORS:
+            return "too_many_parse_errors"
     return None
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""An audits worker's memory under pages of 200,000 links (issue 31.5).
+"""An audits worker's memory under pages of 200,000 links, or other hostile shapes (issue 31.5).
 
     .venv/bin/python bench/bounded_audit.py [--pages 12] [--anchors 200000] [--workers 1]
+    .venv/bin/python bench/bounded_audit.py --shape comments   # or nuls, stray-lt
 
 What it starts: a redis-server of its own, a fresh database (next to DATABASE_URL's
 PostgreSQL, the local one when unset, else an SQLite file), one HTTP server on 127.0.0.1
@@ -11,7 +12,9 @@ starts them (`devstack` `stack_commands`: the threads pool, AUDITS_WORKER_CONCUR
 threads; `--workers` of them, one by default so every page lands on the same worker).
 
 Each page is --anchors distinct same-host anchors (`<a href=/page/i>x</a>`, 4.6 MB
-for 200,000), the shape of the security review's finding. All pages are submitted at
+for 200,000), the shape of the security review's finding; or, with --shape, 5 MiB of one
+piece of markup after a title: `comments` (`<!-->`, a node each), `nuls` (a parse error
+each), `stray-lt` (`<` and a byte opening no tag: a parse error each). All pages are submitted at
 once (audits.submission.submit_audit, committed together); then it samples each worker's
 resident memory (psutil, every 0.1 s) until every audit has finished, and for 5 s more.
 
@@ -47,6 +50,16 @@ def link_page(page: int, anchors: int) -> bytes:
     return f"<!doctype html><title>Page {page}</title>{links}".encode()
 
 
+# --shape: the piece of markup a 5 MiB page repeats after its title.
+SHAPES = {"comments": b"<!-->", "nuls": b"\x00", "stray-lt": b"<\x01"}
+SHAPE_BYTES = 5 * 1024 * 1024
+
+
+def shaped_page(page: int, markup: bytes) -> bytes:
+    title = f"<title>Page {page}</title>".encode()
+    return title + markup * ((SHAPE_BYTES - len(title)) // len(markup))
+
+
 class PageHandler(QuietHandler):
     def do_GET(self):
         page = urlsplit(self.path).path.strip("/")
@@ -72,6 +85,7 @@ def main() -> int:
     )
     parser.add_argument("--pages", type=int, default=12)
     parser.add_argument("--anchors", type=int, default=200_000)
+    parser.add_argument("--shape", choices=["anchors", *SHAPES], default="anchors")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for all audits")
     args = parser.parse_args()
@@ -109,7 +123,12 @@ def main() -> int:
         from devstack.management.commands.runstack import stack_commands
         from outbound.urls import normalize_url
 
-        pages = {str(n): link_page(n, args.anchors) for n in range(args.pages)}
+        pages = {
+            str(n): link_page(n, args.anchors)
+            if args.shape == "anchors"
+            else shaped_page(n, SHAPES[args.shape])
+            for n in range(args.pages)
+        }
         for n in range(args.pages):
             server = PageServer(f"127.0.0.{n + 2}", pages)
             threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -128,7 +147,8 @@ def main() -> int:
         before = {name: process.memory_info().rss for name, process in processes.items()}
         peak = dict(before)
         print(
-            f"{args.pages} pages of {args.anchors:,} same-host anchors "
+            f"{args.pages} pages of "
+            f"{f'{args.anchors:,} same-host anchors' if args.shape == 'anchors' else args.shape} "
             f"({len(pages['0']):,} bytes each); {args.workers} audits worker(s): "
             f"--pool {settings.AUDITS_WORKER_POOL} "
             f"--concurrency {settings.AUDITS_WORKER_CONCURRENCY}; logs in {logs}"

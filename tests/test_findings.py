@@ -388,6 +388,50 @@ def test_a_page_of_more_elements_than_the_bound_is_read_without_a_tree(settings,
     assert by_id["link-text"]["details"] == {"reason": "too_many_elements"}
 
 
+def test_comments_count_against_the_bound_on_elements(settings, monkeypatch):
+    # A comment is a node of the tree as an element is (5 MiB of them made 155 MiB).
+    monkeypatch.setattr(analysis, "UNGAUGED_MAX_TAGS", 0)
+    settings.AUDIT_MAX_TREE_ELEMENTS = 50
+    html = "<title>Many</title>" + "<!-- c -->" * 60 + '<a href="https://x.example/">here</a>'
+    result = analyze_html(html.encode(), base_url=PAGE)
+    by_id = {item["id"]: item for item in result["findings"]}
+    assert result["external_links"] == ["https://x.example/"]
+    assert by_id["link-text"]["details"] == {"reason": "too_many_elements"}
+
+
+def test_a_page_of_more_stray_lt_than_the_bound_is_read_without_a_tree(monkeypatch):
+    # Each `<` opening no tag is a parse error Lexbor keeps a record of.
+    monkeypatch.setattr(analysis, "UNGAUGED_MAX_TAGS", 0)
+    monkeypatch.setattr(analysis, "MAX_PARSE_ERRORS", 50)
+    html = "<title>Stray</title>" + "a < b </> " * 30 + '<a href="https://x.example/">here</a>'
+    result = analyze_html(html.encode(), base_url=PAGE)
+    by_id = {item["id"]: item for item in result["findings"]}
+    assert result["title"] == "Stray"
+    assert result["external_links"] == ["https://x.example/"]
+    assert by_id["link-text"]["details"] == {"reason": "too_many_parse_errors"}
+
+
+def test_a_page_of_few_stray_lt_keeps_its_tree(monkeypatch):
+    monkeypatch.setattr(analysis, "UNGAUGED_MAX_TAGS", 0)
+    html = "<title>Stray</title>" + "a < b " * 30 + '<a href="https://x.example/">here</a>'
+    by_id = {item["id"]: item for item in analyze_html(html.encode(), base_url=PAGE)["findings"]}
+    assert by_id["link-text"]["outcome"] != "not_applicable"
+
+
+@pytest.mark.parametrize(
+    ("nuls", "title"),
+    [(10, "a" + "\ufffd" * 10 + "b"), (200, "ab")],
+    ids=["few, parsed as a browser parses them", "past the bound, dropped"],
+)
+def test_a_page_past_the_bound_on_parse_errors_has_its_nuls_dropped(monkeypatch, nuls, title):
+    # Each NUL is a parse error Lexbor keeps a record of (5 MiB of them took 88 MiB). A
+    # browser shows U+FFFD for one in a title and drops one from body text; past
+    # MAX_PARSE_ERRORS every NUL is dropped before the parse.
+    monkeypatch.setattr(analysis, "MAX_PARSE_ERRORS", 100)
+    html = b"<title>a" + b"\x00" * nuls + b"b</title><p>text</p>"
+    assert analyze_html(html, base_url=PAGE)["title"] == title
+
+
 def test_a_page_of_few_tags_is_not_gauged_and_one_of_many_is(monkeypatch):
     gauged = []
     real = analysis.DepthGauge
