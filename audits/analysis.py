@@ -202,8 +202,9 @@ def analyze_html(
     page nested deeper than AUDIT_MAX_TREE_DEPTH or holding more than
     AUDIT_MAX_TREE_ELEMENTS elements is read by the streaming `PageReader` instead, and
     its tree-based checks are not applicable (`too_deep`, `too_many_elements`), and so is
-    one of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). Either way what the result holds is bounded (AUDIT_MAX_LINKS,
-    MAX_TEXT_LENGTH, MAX_URL_LENGTH, audits.findings.FINDING_MAX_ITEMS).
+    a page of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). Either way
+    what the result holds is bounded (AUDIT_MAX_LINKS, MAX_TEXT_LENGTH, MAX_URL_LENGTH,
+    audits.findings.FINDING_MAX_ITEMS).
     """
     sniffed = sniff_encoding(body, charset)
     page = page or PageInfo(final_url=base_url, status_code=200, headers=[])
@@ -333,8 +334,8 @@ def _too_big_for_a_tree(gauge: DepthGauge) -> str | None:
 
 
 def _too_malformed_for_a_tree(chunks: list[str]) -> str | None:
-    """ "too_many_parse_errors" for a page of more than MAX_PARSE_ERRORS `<` opening
-    nothing (STRAY_LT), or None."""
+    """Why a page of more than MAX_PARSE_ERRORS `<` opening nothing (STRAY_LT) gets no
+    tree ("too_many_parse_errors"), or None."""
     stray = 0
     for chunk in chunks:
         # Counted only up to the bound: a page of nothing else holds millions.
