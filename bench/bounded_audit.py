@@ -14,9 +14,10 @@ threads; `--workers` of them, one by default so every page lands on the same wor
 Each page is --anchors distinct same-host anchors (`<a href=/page/i>x</a>`, 4.6 MB
 for 200,000), the shape of the security review's finding; or, with --shape, 5 MiB of one
 piece of markup after a title: `comments` (`<!-->`, a node each), `nuls` (a parse error
-each), `stray-lt` (`<` and a byte opening no tag: a parse error each). All pages are submitted at
-once (audits.submission.submit_audit, committed together); then it samples each worker's
-resident memory (psutil, every 0.1 s) until every audit has finished, and for 5 s more.
+each), `stray-lt` (`<` and a byte opening no tag: a parse error each). All pages are
+submitted at once (audits.submission.submit_audit, committed together); then it samples
+each worker's resident memory (psutil, every 0.1 s) until every audit has finished, and
+for 5 s more.
 
 Reported: each worker's RSS before, at its peak and after; each audit's outcome, the
 time its run took (attempt_started_at to finished_at) against the task's soft time limit, and
