@@ -328,7 +328,7 @@ def _too_big_for_a_tree(gauge: DepthGauge) -> str | None:
     """Why the page gets no tree ("too_deep", "too_many_elements"), or None."""
     if gauge.max_depth > settings.AUDIT_MAX_TREE_DEPTH:
         return "too_deep"
-    if gauge.elements > settings.AUDIT_MAX_TREE_ELEMENTS:
+    if gauge.nodes > settings.AUDIT_MAX_TREE_ELEMENTS:
         return "too_many_elements"
     return None
 
@@ -349,17 +349,16 @@ def _too_malformed_for_a_tree(chunks: list[str]) -> str | None:
 
 class DepthGauge:
     """An lxml parser target measuring how deep the page's elements nest and how many
-    there are: what a tree of the page would cost, before building it. A comment is a
-    node of the tree as an element is (5 MiB of `<!-->` made a tree of 155 MiB), so it
-    counts as one."""
+    nodes they and its comments make: what a tree of the page would cost, before building
+    it. A comment is a node as an element is (5 MiB of `<!-->` made a tree of 155 MiB)."""
 
     def __init__(self):
         self.depth = 0
         self.max_depth = 0
-        self.elements = 0
+        self.nodes = 0
 
     def start(self, tag: str, attrib) -> None:
-        self.elements += 1
+        self.nodes += 1
         self.depth += 1
         if self.depth > self.max_depth:
             self.max_depth = self.depth
@@ -368,7 +367,7 @@ class DepthGauge:
         self.depth -= 1
 
     def comment(self, text: str) -> None:
-        self.elements += 1
+        self.nodes += 1
 
     def close(self) -> None:
         pass

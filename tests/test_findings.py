@@ -442,4 +442,4 @@ def test_a_page_of_few_tags_is_not_gauged_and_one_of_many_is(monkeypatch):
     analyze_html(b"<title>t</title><p>x</p>", base_url=PAGE)
     assert gauged == []
     analyze_html(b"<p>x</p>" * (analysis.UNGAUGED_MAX_TAGS // 2 + 1), base_url=PAGE)
-    assert len(gauged) == 1 and gauged[0].elements > analysis.UNGAUGED_MAX_TAGS // 2
+    assert len(gauged) == 1 and gauged[0].nodes > analysis.UNGAUGED_MAX_TAGS // 2
