@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import itertools
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from django.conf import settings
 from html5lib._inputstream import EncodingParser
 from selectolax.lexbor import LexborHTMLParser
 
+from audits import treebuild
 from audits.findings import (
     PageInfo,
     http_status_code,
@@ -47,6 +49,8 @@ from audits.findings import (
 from outbound.integrations.page import FetchedPage
 from outbound.integrations.robots import RobotsInfo
 from outbound.urls import MAX_URL_LENGTH
+
+log = logging.getLogger(__name__)
 
 HTML_CONTENT_TYPES = {"text/html", "application/xhtml+xml"}
 SKIPPED_LINK_PREFIXES = ("javascript:", "mailto:", "tel:", "data:", "#")
@@ -215,35 +219,70 @@ def analyze_html(
         _stream(chunks, depth)
         too = _too_big_for_a_tree(depth) or _too_malformed_for_a_tree(chunks)
     if too:
-        reader = PageReader(page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
-        _stream(chunks, reader)
-        findings = [
-            http_status_code(page.status_code),
-            robots_txt(robots),
-            *(
-                finding
-                for finding in not_checked(too)
-                if finding["id"] not in ("http-status-code", "robots-txt")
-            ),
-        ]
-        fields = reader.fields()
-        return {
-            **fields,
-            "encoding": sniffed.encoding,
-            "findings": findings,
-            "crawl_directives": {"meta_noindex": fields["noindex"]},
-        }
+        return _read_without_a_tree(chunks, sniffed, base_url, page, robots, too)
     source = _lexbor_input(body, sniffed, chunks)
     del chunks
+    try:
+        if len(source) > settings.AUDIT_TREE_IN_PROCESS_MAX_BYTES:
+            read = treebuild.build(
+                read_tree, source, base_url, page, robots, settings.AUDIT_MAX_LINKS,
+                seconds=settings.AUDIT_TREE_SECONDS,
+            )  # fmt: skip
+        else:
+            read = read_tree(source, base_url, page, robots, settings.AUDIT_MAX_LINKS)
+    except treebuild.TreeTooCostly as exc:
+        log.warning("audit.tree_too_costly", extra={"url": base_url, "error": str(exc)})
+        del source
+        chunks = list(decoded_chunks(body, sniffed))
+        return _read_without_a_tree(
+            chunks, sniffed, base_url, page, robots, "too_costly_for_a_tree"
+        )
+    return {**read, "encoding": sniffed.encoding}
+
+
+def read_tree(
+    source: bytes | str, base_url: str, page: PageInfo, robots: RobotsInfo | None, max_links: int
+) -> dict:
+    """The page's fields and findings read off its tree, which Lexbor builds from `source`
+    (`_lexbor_input`). Run in a tree builder's child for a large page (audits.treebuild),
+    so it takes and returns only what crosses a pipe."""
     tree = LexborHTMLParser(source, scripting=True)
-    del source
-    fields = tree_fields(tree, page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
+    fields = tree_fields(tree, page_url=base_url, max_links=max_links)
     findings, metas = tree_findings(tree, page, robots)
+    return {
+        **fields,
+        "findings": findings,
+        "crawl_directives": crawl_directives(metas, meta_noindex=fields["noindex"]),
+    }
+
+
+def _read_without_a_tree(
+    chunks: list[str],
+    sniffed: SniffedEncoding,
+    base_url: str,
+    page: PageInfo,
+    robots: RobotsInfo | None,
+    reason: str,
+) -> dict:
+    """The page read by the streaming pass alone (bounded by construction): its fields, its
+    status and robots.txt judged, every other finding not applicable for `reason`."""
+    reader = PageReader(page_url=base_url, max_links=settings.AUDIT_MAX_LINKS)
+    _stream(chunks, reader)
+    findings = [
+        http_status_code(page.status_code),
+        robots_txt(robots),
+        *(
+            finding
+            for finding in not_checked(reason)
+            if finding["id"] not in ("http-status-code", "robots-txt")
+        ),
+    ]
+    fields = reader.fields()
     return {
         **fields,
         "encoding": sniffed.encoding,
         "findings": findings,
-        "crawl_directives": crawl_directives(metas, meta_noindex=fields["noindex"]),
+        "crawl_directives": {"meta_noindex": fields["noindex"]},
     }
 
 

@@ -119,6 +119,9 @@ app.steps["worker"].add("jobs.bootsteps:MinuteSampler")
 app.steps["worker"].add("jobs.bootsteps:Reconciler")
 app.steps["worker"].add("jobs.bootsteps:Sweeper")
 app.steps["worker"].add("jobs.bootsteps:TimeLimitWatchdog")
+# The audits worker's tree builders: children that parse large pages within a memory and
+# time limit (audits.treebuild).
+app.steps["worker"].add("audits.bootsteps:TreeBuilders")
 
 
 @signals.setup_logging.connect

@@ -417,6 +417,17 @@ AUDIT_MAX_TREE_DEPTH = env_int("AUDIT_MAX_TREE_DEPTH", 512, minimum=1)
 # Nor is a page of more elements and comments than this (a tree costs ~0.8 KB a node:
 # 20,000 is ~16 MB; the 30 real pages of the corpus hold at most 1,929 elements).
 AUDIT_MAX_TREE_ELEMENTS = env_int("AUDIT_MAX_TREE_ELEMENTS", 20_000, minimum=1)
+# Lexbor builds a tree in C, without the GIL, and some markup costs it far more than its
+# size (one tag of 40,000 distinct attributes: 3.7 s; 5 MiB of duplicate ones: 196 MiB).
+# In an audits worker of threads, a page of more bytes than this is parsed in a child
+# process (audits.treebuild) with AUDIT_TREE_MEMORY_MB of address space and
+# AUDIT_TREE_SECONDS, AUDIT_TREE_PROCESSES of them per worker process; past either limit
+# the child is replaced and the page read without a tree (too_costly_for_a_tree).
+# Smaller pages are parsed in the worker: their worst case is bounded by their size.
+AUDIT_TREE_IN_PROCESS_MAX_BYTES = env_int("AUDIT_TREE_IN_PROCESS_MAX_BYTES", 64 * 1024, minimum=0)
+AUDIT_TREE_MEMORY_MB = env_int("AUDIT_TREE_MEMORY_MB", 256, minimum=16)
+AUDIT_TREE_SECONDS = env_float("AUDIT_TREE_SECONDS", 10.0, minimum=0.1)
+AUDIT_TREE_PROCESSES = env_int("AUDIT_TREE_PROCESSES", 1, minimum=1)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
 # A broken outcome is shared for less long: it is checked again sooner.

@@ -153,15 +153,17 @@ def same_host_anchors(count: int) -> str:
 PEAK_GROWTH_BOUND = 60 * 1024 * 1024
 
 
-def audited_with_peak_growth(live_server, hostile, start_worker, path: str, body: bytes):
+def audited_with_peak_growth(
+    live_server, hostile, start_worker, path: str, body: bytes, env: dict | None = None
+):
     """(the audit of `body` served at `path`, how much the worker's memory grew meanwhile),
-    audited by a worker started as make run starts it."""
+    audited by a worker started as make run starts it (with `env` besides)."""
     hostile.pages[path] = (body, None, "text/html")
     worker = start_worker(
         "audits",
         concurrency=django_settings.AUDITS_WORKER_CONCURRENCY,  # as make run starts it
         pool="threads",
-        env={"AUDIT_MAX_LINK_CHECKS": "0"},
+        env={"AUDIT_MAX_LINK_CHECKS": "0", **(env or {})},
     )
     process = psutil.Process(worker.process.pid)
     before = process.memory_info().rss
@@ -223,6 +225,32 @@ def test_a_page_of_markup_without_elements_is_audited_in_bounded_memory(
     body = title + markup * ((5 * 1024 * 1024 - len(title)) // len(markup))
     audit, growth = audited_with_peak_growth(live_server, hostile, start_worker, "/markup", body)
     assert audit.result["title"] == "Markup"
+    assert growth < PEAK_GROWTH_BOUND, f"{growth / 2**20:.0f} MiB"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        # Lexbor's tree costs their square, in C no time limit interrupts: 40,000 took
+        # 3.7 s in one process, 80,000 take tens of seconds. The child is given 2.
+        pytest.param(
+            b"".join(b" a%d" % i for i in range(80_000)), "too_costly_for_a_tree", id="distinct"
+        ),
+        # 196 MiB in one process: within the child's 256, outside the worker.
+        pytest.param(b" a" * (5 * 1024 * 1024 // 2), None, id="duplicate"),
+    ],
+)
+def test_a_tag_of_many_attributes_is_parsed_outside_the_worker(
+    live_server, hostile, start_worker, attributes, reason
+):
+    body = b"<title>Attributes</title><p" + attributes + b">x</p>"
+    audit, growth = audited_with_peak_growth(
+        live_server, hostile, start_worker, "/attributes", body, env={"AUDIT_TREE_SECONDS": "2"}
+    )
+    by_id = {item["id"]: item for item in audit.result["findings"]}
+    assert audit.result["title"] == "Attributes"
+    assert by_id["link-text"]["details"].get("reason") == reason
     assert growth < PEAK_GROWTH_BOUND, f"{growth / 2**20:.0f} MiB"
 
 

@@ -1,0 +1,31 @@
+"""The audits worker's own processes, started and stopped with it (config.celery_app adds
+the step)."""
+
+from __future__ import annotations
+
+from celery import bootsteps
+from celery.concurrency.thread import TaskPool as ThreadPool
+from django.conf import settings
+
+from audits import treebuild
+
+
+class TreeBuilders(bootsteps.StartStopStep):
+    """The children that build large pages' trees (audits.treebuild), in a worker of
+    threads consuming the audits queue: a prefork pool's own hard time limit kills the
+    process that runs the parse, and no other queue parses pages."""
+
+    label = "Tree builders"
+
+    def include_if(self, worker) -> bool:
+        pool = worker.pool_cls
+        threads = isinstance(pool, type) and issubclass(pool, ThreadPool)
+        return threads and settings.AUDIT_QUEUE in worker.app.amqp.queues.consume_from
+
+    def start(self, worker):
+        treebuild.start(settings.AUDIT_TREE_PROCESSES, memory_mb=settings.AUDIT_TREE_MEMORY_MB)
+
+    def stop(self, worker):
+        treebuild.stop()
+
+    shutdown = stop

@@ -1,0 +1,111 @@
+"""A page's tree built in a child process, bounded in memory and in time.
+
+Lexbor builds the tree in C, without the GIL, and some markup costs it far more than its
+size: one tag of 40,000 distinct attributes (263 KB) took 3.7 s, quadratic in them, and
+5 MiB of one tag's duplicate attributes 196 MiB (DECISIONS.md, "A page's tree is built in
+a child process"). No check before the parse agrees with Lexbor on where every tag is,
+and a time limit cannot interrupt C code (jobs.timelimits). So an audits worker of
+threads builds the tree of a page of more than AUDIT_TREE_IN_PROCESS_MAX_BYTES in one of
+its AUDIT_TREE_PROCESSES children, each with AUDIT_TREE_MEMORY_MB of address space beyond
+its own; one that runs out of it, or of AUDIT_TREE_SECONDS, is killed and replaced
+(pebble), and the page is read without a tree (`TreeTooCostly`). A smaller page's tree is
+built in the worker: its worst case is bounded by its size.
+
+The children are the worker's own, started and stopped by its `TreeBuilders` bootstep
+(audits.bootsteps). A process without them (a test, a shell, a bench) builds every tree
+itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import multiprocessing
+import resource
+from collections.abc import Callable
+from typing import TypeVar
+
+import pebble
+from selectolax.lexbor import SelectolaxError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The children fork from a server that loaded Django and the analysis once: not from the
+# worker, whose other threads may hold a lock (SQLite's, an import's) at the fork.
+PRELOAD = "config.tree_children"
+# pebble ends a timed-out child with SIGTERM, then SIGKILL once this has passed; a child
+# inside Lexbor's C code never runs the SIGTERM handler (a Python one), so the wait is only
+# how long the page's fallback waits (3 s by default).
+pebble.CONSTS.term_timeout = 0.5
+
+
+class TreeTooCostly(Exception):
+    """The tree would cost more memory or time than a child is given."""
+
+
+_children: pebble.ProcessPool | None = None
+
+
+def start(processes: int, *, memory_mb: int) -> None:
+    """Start `processes` children, each limited to `memory_mb` of address space beyond
+    what it holds at its start; returns once one has built a tree."""
+    global _children
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([PRELOAD])
+    pool = pebble.ProcessPool(
+        max_workers=processes, initializer=_limit_memory, initargs=(memory_mb,), context=context
+    )
+    # The first task starts the pool's threads here, in the caller's (a bootstep), and
+    # waits until a child answers.
+    pool.schedule(_ready).result()
+    _children = pool
+
+
+def stop() -> None:
+    global _children
+    pool, _children = _children, None
+    if pool is not None:
+        pool.stop()
+        pool.join()
+
+
+def running() -> bool:
+    return _children is not None
+
+
+def build(function: Callable[..., T], *args, seconds: float) -> T:
+    """`function(*args)`, in a child when the worker has them (else here): its result, or
+    TreeTooCostly when the child ran out of memory or of `seconds`."""
+    pool = _children
+    if pool is None:
+        return function(*args)
+    future = pool.schedule(function, args=args, timeout=seconds)
+    try:
+        return future.result()
+    except concurrent.futures.TimeoutError:
+        raise TreeTooCostly(f"the tree took more than {seconds:g} s") from None
+    except (MemoryError, SelectolaxError, pebble.ProcessExpired) as exc:
+        # Out of address space: Lexbor's allocation fails (SelectolaxError), Python's
+        # (MemoryError), or the child dies.
+        raise TreeTooCostly(f"the tree ran out of memory ({type(exc).__name__})") from None
+
+
+def _limit_memory(memory_mb: int) -> None:
+    try:
+        address_space = _address_space() + memory_mb * 1024 * 1024
+    except OSError:
+        # No /proc (macOS, where RLIMIT_AS is not enforced either): the deadline alone.
+        log.warning("treebuild.memory_not_limited")
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+
+def _ready() -> bool:
+    return True

@@ -1,0 +1,83 @@
+"""A large page's tree is built in a child process with a memory and a time limit
+(audits.treebuild): a page that would cost more is read without a tree, and the next
+page's tree is built as before."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from audits import analysis, treebuild
+
+PAGE = "https://example.test/"
+# A real page's shape past AUDIT_TREE_IN_PROCESS_MAX_BYTES (64 KiB): its tree is built
+# by a child.
+LARGE_PAGE = (
+    "<title>Large</title>" + '<p class="x"><a href="/a">a link</a> text</p>' * 2000
+).encode()
+
+
+def distinct_attributes(count: int) -> bytes:
+    """One tag of `count` attributes of different names: Lexbor's tree costs their square
+    (40,000 took 3.7 s in one process)."""
+    return b"<title>Attributes</title><p" + b"".join(b" a%d" % i for i in range(count)) + b">x</p>"
+
+
+def link_text(result: dict) -> dict:
+    return next(f for f in result["findings"] if f["id"] == "link-text")
+
+
+@pytest.fixture
+def tree_builders():
+    treebuild.start(1, memory_mb=128)
+    yield
+    treebuild.stop()
+
+
+def test_a_tree_built_by_a_child_is_the_tree_built_here():
+    here = analysis.analyze_html(LARGE_PAGE, base_url=PAGE)
+    treebuild.start(1, memory_mb=128)
+    try:
+        assert treebuild.running()
+        assert analysis.analyze_html(LARGE_PAGE, base_url=PAGE) == here
+    finally:
+        treebuild.stop()
+    assert here["title"] == "Large"
+    assert link_text(here)["outcome"] != "not_applicable"
+
+
+def test_a_tag_of_80000_distinct_attributes_ends_at_the_childs_deadline(tree_builders, settings):
+    # Parsed here it takes tens of seconds of C code no time limit can interrupt.
+    settings.AUDIT_TREE_SECONDS = 1.0
+    started = time.monotonic()
+    result = analysis.analyze_html(distinct_attributes(80_000), base_url=PAGE)
+    assert time.monotonic() - started < 8
+    assert result["title"] == "Attributes"
+    assert link_text(result)["details"] == {"reason": "too_costly_for_a_tree"}
+    # The child was replaced: the next large page gets its tree.
+    assert link_text(analysis.analyze_html(LARGE_PAGE, base_url=PAGE))["outcome"] != (
+        "not_applicable"
+    )
+
+
+def test_a_tag_of_5_mib_of_duplicate_attributes_ends_at_the_childs_memory(tree_builders):
+    # 196 MiB in one process; the child has 128 MiB.
+    body = b"<title>Duplicates</title><p" + b" a" * (5 * 1024 * 1024 // 2) + b">x</p>"
+    result = analysis.analyze_html(body, base_url=PAGE)
+    assert result["title"] == "Duplicates"
+    assert link_text(result)["details"] == {"reason": "too_costly_for_a_tree"}
+    assert link_text(analysis.analyze_html(LARGE_PAGE, base_url=PAGE))["outcome"] != (
+        "not_applicable"
+    )
+
+
+def test_a_page_within_the_in_process_bound_is_built_here(tree_builders, monkeypatch):
+    def no_child(*args, **kwargs):
+        raise AssertionError("a small page went to a child")
+
+    monkeypatch.setattr(treebuild, "build", no_child)
+    small = b"<title>Small</title><p><a href='/a'>a link</a></p>"
+    assert analysis.analyze_html(small, base_url=PAGE)["title"] == "Small"
+    with pytest.raises(AssertionError, match="went to a child"):
+        analysis.analyze_html(LARGE_PAGE, base_url=PAGE)
