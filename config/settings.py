@@ -426,7 +426,7 @@ AUDIT_MAX_TREE_ELEMENTS = env_int("AUDIT_MAX_TREE_ELEMENTS", 20_000, minimum=1)
 # Smaller pages are parsed in the worker: their worst case is bounded by their size.
 AUDIT_TREE_IN_PROCESS_MAX_BYTES = env_int("AUDIT_TREE_IN_PROCESS_MAX_BYTES", 64 * 1024, minimum=0)
 AUDIT_TREE_MEMORY_MB = env_int("AUDIT_TREE_MEMORY_MB", 256, minimum=16)
-AUDIT_TREE_SECONDS = env_float("AUDIT_TREE_SECONDS", 10.0, minimum=0.1)
+AUDIT_TREE_SECONDS = env_float("AUDIT_TREE_SECONDS", 3.0, minimum=0.1)
 AUDIT_TREE_PROCESSES = env_int("AUDIT_TREE_PROCESSES", 1, minimum=1)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)

@@ -11,7 +11,8 @@ so the runtime enforces them itself, with the same outcome for the job:
 Either ends the attempt like any failure (jobs.task.PlumbTask: dead-lettered, the
 audit finished as failed). An exception is delivered when the thread next runs Python
 code, so a call blocked in C returns first: every such call Plumb makes has its own
-timeout (the fetch's deadline, the database's and Redis's socket timeouts).
+timeout (the fetch's deadline, the database's and Redis's socket timeouts, a large page's
+tree built in a child with its own deadline: audits.treebuild).
 
 PlumbTask registers each attempt with the thread running it; the `TimeLimitWatchdog`
 bootstep calls `enforce` every second in a thread-pool worker.
