@@ -29,8 +29,16 @@ STARTS = 2
 
 def probe_a_start(tmp_path: Path) -> tuple[list[str], str]:
     """Start the web, probe it until /healthz answers 200; every probe's outcome, and
-    the web's log."""
-    port = free_port()
+    the web's log. A port another process took between `free_port` and gunicorn's bind
+    is given up for another (at most three)."""
+    for _ in range(3):
+        outcomes, log = probe_a_start_on(tmp_path, free_port())
+        if outcomes != ["taken"]:
+            return outcomes, log
+    return outcomes, log
+
+
+def probe_a_start_on(tmp_path: Path, port: int) -> tuple[list[str], str]:
     log = tmp_path / f"web-{port}.log"
     env = {
         **os.environ,
@@ -49,6 +57,8 @@ def probe_a_start(tmp_path: Path) -> tuple[list[str], str]:
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and "200" not in outcomes:
+                if "Connection in use" in log.read_text():  # gunicorn's bind, refused
+                    return ["taken"], log.read_text()
                 assert web.poll() is None, log.read_text()
                 try:
                     status = httpx2.get(
