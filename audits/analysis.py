@@ -206,7 +206,10 @@ def analyze_html(
     page nested deeper than AUDIT_MAX_TREE_DEPTH or holding more than
     AUDIT_MAX_TREE_ELEMENTS elements is read by the streaming `PageReader` instead, and
     its tree-based checks are not applicable (`too_deep`, `too_many_elements`), and so is
-    a page of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). Either way
+    a page of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). A page past
+    AUDIT_TREE_IN_PROCESS_MAX_BYTES has its tree built by a child of the audits worker
+    (audits.treebuild), and one that would cost that child more memory or time than it
+    has is read by the streaming pass too (`too_costly_for_a_tree`). Either way
     what the result holds is bounded (AUDIT_MAX_LINKS, MAX_TEXT_LENGTH, MAX_URL_LENGTH,
     audits.findings.FINDING_MAX_ITEMS).
     """
