@@ -195,6 +195,7 @@ def analyze_html(
     charset: str | None = None,
     page: PageInfo | None = None,
     robots: RobotsInfo | None = None,
+    client: str = "",
 ) -> dict:
     """What the audit reads from an HTML page: its fields and its SEO findings.
 
@@ -209,7 +210,8 @@ def analyze_html(
     a page of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). A page past
     AUDIT_TREE_IN_PROCESS_MAX_BYTES has its tree built by a child of the audits worker
     (audits.treebuild), and one that would cost that child more memory or time than it
-    has is read by the streaming pass too (`too_costly_for_a_tree`). Either way
+    has is read by the streaming pass too (`too_costly_for_a_tree`); `client` (whose
+    audit it is) waits for its turn with the children. Either way
     what the result holds is bounded (AUDIT_MAX_LINKS, MAX_TEXT_LENGTH, MAX_URL_LENGTH,
     audits.findings.FINDING_MAX_ITEMS).
     """
@@ -229,7 +231,7 @@ def analyze_html(
         if len(source) > settings.AUDIT_TREE_IN_PROCESS_MAX_BYTES:
             read = treebuild.build(
                 read_tree, source, base_url, page, robots, settings.AUDIT_MAX_LINKS,
-                seconds=settings.AUDIT_TREE_SECONDS,
+                seconds=settings.AUDIT_TREE_SECONDS, client=client,
             )  # fmt: skip
         else:
             read = read_tree(source, base_url, page, robots, settings.AUDIT_MAX_LINKS)
@@ -665,7 +667,7 @@ def says_noindex(x_robots_tag: list[str]) -> bool:
     return "noindex" in ", ".join(x_robots_tag).lower()
 
 
-def audit_result(page: FetchedPage, *, robots: RobotsInfo | None = None) -> dict:
+def audit_result(page: FetchedPage, *, robots: RobotsInfo | None = None, client: str = "") -> dict:
     """The JSON stored on a finished audit. `robots` is the page's host's robots.txt
     (None when it is not known: robots-txt is then not applicable, and is-crawlable reads
     the page's metas and headers alone)."""
@@ -691,8 +693,13 @@ def audit_result(page: FetchedPage, *, robots: RobotsInfo | None = None) -> dict
     if result["is_html"]:
         result.update(
             analyze_html(
-                page.body, base_url=page.final_url, charset=page.charset, page=info, robots=robots
-            )
+                page.body,
+                base_url=page.final_url,
+                charset=page.charset,
+                page=info,
+                robots=robots,
+                client=client,
+            )  # fmt: skip
         )
         result["noindex"] = result["noindex"] or header_noindex
     else:

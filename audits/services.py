@@ -48,6 +48,9 @@ class ClaimedAudit:
     # Set at submission and never changed: a success of an audit with one owes a delivery,
     # so its finish goes straight to a transaction (Audit.objects.finish).
     callback_url: str
+    # Whose audit it is (audits.admission.client_key; "" for a nightly re-audit): its turn
+    # with the worker's tree builders (audits.treebuild).
+    client: str
     # The id of the page's previous succeeded audit (None: it has none), read by every
     # claim; a nightly re-audit's claim also reads its result when AUDIT_CONDITIONAL_REAUDITS
     # is on (None otherwise, and for a client's audit).
@@ -67,7 +70,7 @@ class ClaimedAudit:
 
 
 # What the attempt needs of its row, read by the claim's own statement.
-CLAIMED = ("page__url", "page_id", "trigger", "callback_url", PREVIOUS_SUCCESS_ID)
+CLAIMED = ("page__url", "page_id", "trigger", "callback_url", "client", PREVIOUS_SUCCESS_ID)
 
 
 def claim_audit(audit_id: str, *, attempt: int | None = None) -> ClaimedAudit | None:
@@ -208,7 +211,9 @@ def execute_audit(
         result = not_modified_result(previous, fetched, validators)
     else:
         robots = page_robots_txt(fetched.final_url)
-        result = with_validators(audit_result(fetched, robots=robots), fetched)
+        result = with_validators(
+            audit_result(fetched, robots=robots, client=claimed.client), fetched
+        )
     started, queued = start_link_checks(audit_id, result)
     if not started:
         Audit.objects.finish(

@@ -14,14 +14,21 @@ built in the worker: its worst case is bounded by its size.
 The children are the worker's own, started and stopped by its `TreeBuilders` bootstep
 (audits.bootsteps). A process without them (a test, a shell, a bench) builds every tree
 itself.
+
+The children are shared by every client's audits in the worker, so a client holds at most
+half of them (one, with the default one), and its other large pages wait for its turn
+outside the children's queue: another client's page queued meanwhile goes first. One
+client's costly pages delay another's by one page's deadline at most, not by all of them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import multiprocessing
 import resource
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,12 +53,17 @@ class TreeTooCostly(Exception):
 
 
 _children: pebble.ProcessPool | None = None
+_per_client = 1
+# The clients whose pages are with the children now, and how many each.
+_holding: dict[str, int] = {}
+_turns = threading.Condition()
 
 
 def start(processes: int, *, memory_mb: int) -> None:
     """Start `processes` children, each limited to `memory_mb` of address space beyond
     what it holds at its start; returns once one has built a tree."""
-    global _children
+    global _children, _per_client
+    _per_client = max(1, processes // 2)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([PRELOAD])
     pool = pebble.ProcessPool(
@@ -75,21 +87,45 @@ def running() -> bool:
     return _children is not None
 
 
-def build(function: Callable[..., T], *args, seconds: float) -> T:
+def holding(client: str) -> int:
+    """How many of `client`'s pages are with the children now."""
+    with _turns:
+        return _holding.get(client, 0)
+
+
+def build(function: Callable[..., T], *args, seconds: float, client: str = "") -> T:
     """`function(*args)`, in a child when the worker has them (else here): its result, or
-    TreeTooCostly when the child ran out of memory or of `seconds`."""
+    TreeTooCostly when the child ran out of memory or of `seconds`. `client`
+    (audits.admission.client_key; "" for the system's own work) waits for its turn."""
     pool = _children
     if pool is None:
         return function(*args)
-    future = pool.schedule(function, args=args, timeout=seconds)
+    with _clients_turn(client):
+        future = pool.schedule(function, args=args, timeout=seconds)
+        try:
+            return future.result()
+        except concurrent.futures.TimeoutError:
+            raise TreeTooCostly(f"the tree took more than {seconds:g} s") from None
+        except (MemoryError, SelectolaxError, pebble.ProcessExpired) as exc:
+            # Out of address space: Lexbor's allocation fails (SelectolaxError), Python's
+            # (MemoryError), or the child dies.
+            raise TreeTooCostly(f"the tree ran out of memory ({type(exc).__name__})") from None
+
+
+@contextlib.contextmanager
+def _clients_turn(client: str):
+    """Hold one of `client`'s places with the children, waiting until it has one."""
+    with _turns:
+        _turns.wait_for(lambda: _holding.get(client, 0) < _per_client)
+        _holding[client] = _holding.get(client, 0) + 1
     try:
-        return future.result()
-    except concurrent.futures.TimeoutError:
-        raise TreeTooCostly(f"the tree took more than {seconds:g} s") from None
-    except (MemoryError, SelectolaxError, pebble.ProcessExpired) as exc:
-        # Out of address space: Lexbor's allocation fails (SelectolaxError), Python's
-        # (MemoryError), or the child dies.
-        raise TreeTooCostly(f"the tree ran out of memory ({type(exc).__name__})") from None
+        yield
+    finally:
+        with _turns:
+            _holding[client] -= 1
+            if not _holding[client]:
+                del _holding[client]
+            _turns.notify_all()
 
 
 def _limit_memory(memory_mb: int) -> None:

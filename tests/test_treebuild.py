@@ -4,11 +4,13 @@ page's tree is built as before."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from audits import analysis, treebuild
+from tests.workers import wait_for
 
 PAGE = "https://example.test/"
 # A real page's shape past AUDIT_TREE_IN_PROCESS_MAX_BYTES (64 KiB): its tree is built
@@ -81,3 +83,30 @@ def test_a_page_within_the_in_process_bound_is_built_here(tree_builders, monkeyp
     assert analysis.analyze_html(small, base_url=PAGE)["title"] == "Small"
     with pytest.raises(AssertionError, match="went to a child"):
         analysis.analyze_html(LARGE_PAGE, base_url=PAGE)
+
+
+def test_a_clients_costly_pages_wait_their_turn_behind_another_clients_page(
+    tree_builders, settings
+):
+    # One child: a client holds it with one page at a time, and another client's page
+    # queued meanwhile goes before that client's next.
+    settings.AUDIT_TREE_SECONDS = 1.0
+    finished = []
+
+    def audit(client: str, body: bytes, name: str) -> None:
+        analysis.analyze_html(body, base_url=PAGE, client=client)
+        finished.append(name)
+
+    hostile = [
+        threading.Thread(target=audit, args=("ip:hostile", distinct_attributes(80_000), n))
+        for n in ("hostile 1", "hostile 2", "hostile 3")
+    ]
+    for thread in hostile:
+        thread.start()
+    wait_for(lambda: treebuild.holding("ip:hostile") == 1, timeout=10)
+    other = threading.Thread(target=audit, args=("ip:other", LARGE_PAGE, "other"))
+    other.start()
+    for thread in [*hostile, other]:
+        thread.join(timeout=30)
+    assert finished.index("other") == 1, finished
+    assert treebuild.holding("ip:hostile") == 0
