@@ -2,7 +2,7 @@
 """An audits worker's memory under pages of 200,000 links, or other hostile shapes (issue 31.5).
 
     .venv/bin/python bench/bounded_audit.py [--pages 12] [--anchors 200000] [--workers 1]
-    .venv/bin/python bench/bounded_audit.py --shape comments   # or nuls, stray-lt
+    .venv/bin/python bench/bounded_audit.py --shape comments   # or nuls, stray-lt, attributes
 
 What it starts: a redis-server of its own, a fresh database (next to DATABASE_URL's
 PostgreSQL, the local one when unset, else an SQLite file), one HTTP server on 127.0.0.1
@@ -14,12 +14,16 @@ threads; `--workers` of them, one by default so every page lands on the same wor
 Each page is --anchors distinct same-host anchors (`<a href=/page/i>x</a>`, 4.6 MB
 for 200,000), the shape of the security review's finding; or, with --shape, 5 MiB of one
 piece of markup after a title: `comments` (`<!-->`, a node each), `nuls` (a parse error
-each), `stray-lt` (`<` and a byte opening no tag: a parse error each). All pages are
-submitted at once (audits.submission.submit_audit, committed together); then it samples
-each worker's resident memory (psutil, every 0.1 s) until every audit has finished, and
-for 5 s more.
+each), `stray-lt` (`<` and a byte opening no tag: a parse error each), `attributes` (one
+tag of duplicate attributes, ` a` each, whose tree a worker's tree builder builds:
+audits.treebuild). All pages are submitted at once (audits.submission.submit_audit,
+committed together); then it samples each worker's resident memory and its tree builders'
+(the processes under it, psutil, every 0.1 s) until every audit has finished, and for 5 s
+more.
 
-Reported: each worker's RSS before, at its peak and after; each audit's outcome, the
+Reported: each worker's RSS before, at its peak and after, and its builders' peak (the
+sum of their RSS: pages they share with their fork server counted in each); each audit's
+outcome, the
 time its run took (attempt_started_at to finished_at) against the task's soft time limit, and
 its link counts. Goals: each worker within 500 MB, each audit succeeded within its limit.
 """
@@ -38,6 +42,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -51,14 +57,30 @@ def link_page(page: int, anchors: int) -> bytes:
     return f"<!doctype html><title>Page {page}</title>{links}".encode()
 
 
-# --shape: the piece of markup a 5 MiB page repeats after its title.
-SHAPES = {"comments": b"<!-->", "nuls": b"\x00", "stray-lt": b"<\x01"}
+# --shape: what a 5 MiB page opens with after its title, and the piece of markup it then
+# repeats: comments, NULs, `<` opening nothing, or one tag's duplicate attributes.
+SHAPES = {
+    "comments": (b"", b"<!-->"),
+    "nuls": (b"", b"\x00"),
+    "stray-lt": (b"", b"<\x01"),
+    "attributes": (b"<p", b" a"),
+}
 SHAPE_BYTES = 5 * 1024 * 1024
 
 
-def shaped_page(page: int, markup: bytes) -> bytes:
-    title = f"<title>Page {page}</title>".encode()
-    return title + markup * ((SHAPE_BYTES - len(title)) // len(markup))
+def shaped_page(page: int, shape: tuple[bytes, bytes]) -> bytes:
+    opening, markup = shape
+    head = f"<title>Page {page}</title>".encode() + opening
+    return head + markup * ((SHAPE_BYTES - len(head)) // len(markup))
+
+
+def builders_rss(worker) -> int:
+    """The resident memory of every process under `worker` (its tree builders)."""
+    total = 0
+    for process in worker.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total
 
 
 class PageHandler(QuietHandler):
@@ -114,7 +136,6 @@ def main() -> int:
         import django
 
         django.setup()
-        import psutil
         from django.conf import settings
         from django.db import transaction
 
@@ -147,6 +168,7 @@ def main() -> int:
         processes = {worker.name: psutil.Process(worker.popen.pid) for worker in workers}
         before = {name: process.memory_info().rss for name, process in processes.items()}
         peak = dict(before)
+        builders_peak = {name: builders_rss(process) for name, process in processes.items()}
         print(
             f"{args.pages} pages of "
             f"{f'{args.anchors:,} same-host anchors' if args.shape == 'anchors' else args.shape} "
@@ -167,6 +189,7 @@ def main() -> int:
             for name, process in processes.items():
                 with contextlib.suppress(psutil.NoSuchProcess):
                     peak[name] = max(peak[name], process.memory_info().rss)
+                    builders_peak[name] = max(builders_peak[name], builders_rss(process))
             now = time.monotonic()
             if settle_until is None:
                 unfinished = Audit.objects.filter(id__in=ids).exclude(status__in=Audit.FINISHED)
@@ -188,12 +211,16 @@ def main() -> int:
                 after[name] = 0
 
         mb = 1000 * 1000
-        print("\n| worker | RSS before (MB) | peak (MB) | after (MB) | within 500 MB |")
-        print("| --- | --- | --- | --- | --- |")
+        print(
+            "\n| worker | RSS before (MB) | peak (MB) | after (MB) | within 500 MB "
+            "| its tree builders' peak (MB) |"
+        )
+        print("| --- | --- | --- | --- | --- | --- |")
         for name in processes:
             print(
                 f"| {name} | {before[name] / mb:.0f} | {peak[name] / mb:.0f} | "
-                f"{after[name] / mb:.0f} | {'yes' if peak[name] <= GOAL_RSS_BYTES else 'NO'} |"
+                f"{after[name] / mb:.0f} | {'yes' if peak[name] <= GOAL_RSS_BYTES else 'NO'} | "
+                f"{builders_peak[name] / mb:.0f} |"
             )
         print(
             f"\n| audit | status | run (s) | within {AUDIT_JOB.deadline.soft:g} s "

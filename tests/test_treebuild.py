@@ -89,7 +89,7 @@ def test_a_clients_costly_pages_wait_their_turn_behind_another_clients_page(
     tree_builders, settings
 ):
     # One child: a client holds it with one page at a time, and another client's page
-    # queued meanwhile goes before that client's next.
+    # queued meanwhile goes before that client's next. Without the turn, it went last.
     settings.AUDIT_TREE_SECONDS = 1.0
     finished = []
 
@@ -108,5 +108,8 @@ def test_a_clients_costly_pages_wait_their_turn_behind_another_clients_page(
     other.start()
     for thread in [*hostile, other]:
         thread.join(timeout=30)
-    assert finished.index("other") == 1, finished
+    # Before the client's second and third page, whichever threads they were (its first
+    # may still be read without a tree when the other's is done).
+    after_other = finished[finished.index("other") + 1 :]
+    assert len([name for name in after_other if name.startswith("hostile")]) >= 2, finished
     assert treebuild.holding("ip:hostile") == 0
