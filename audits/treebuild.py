@@ -2,8 +2,8 @@
 
 Lexbor builds the tree in C, without the GIL, and some markup costs it far more than its
 size: one tag of 40,000 distinct attributes (263 KB) took 3.7 s, quadratic in them, and
-5 MiB of one tag's duplicate attributes 196 MiB (DECISIONS.md, "A page's tree is built in
-a child process"). No check before the parse agrees with Lexbor on where every tag is,
+5 MiB of one tag's duplicate attributes 196 MiB (DECISIONS.md, "A large page's tree is
+built in a child process"). No check before the parse agrees with Lexbor on where every tag is,
 and a time limit cannot interrupt C code (jobs.timelimits). So an audits worker of
 threads builds the tree of a page of more than AUDIT_TREE_IN_PROCESS_MAX_BYTES in one of
 its AUDIT_TREE_PROCESSES children, each with AUDIT_TREE_MEMORY_MB of address space beyond
@@ -42,10 +42,10 @@ T = TypeVar("T")
 # The children fork from a server that loaded Django and the analysis once: not from the
 # worker, whose other threads may hold a lock (SQLite's, an import's) at the fork.
 PRELOAD = "config.tree_children"
-# pebble ends a timed-out child with SIGTERM, then SIGKILL once this has passed; a child
-# inside Lexbor's C code never runs the SIGTERM handler (a Python one), so the wait is only
-# how long the page's fallback waits (3 s by default).
-pebble.CONSTS.term_timeout = 0.5
+# pebble ends a timed-out child with SIGTERM, then SIGKILL once this has passed. A child
+# inside Lexbor's C code never runs the SIGTERM handler (a Python one), so pebble's default
+# of 3 s would only hold the page's fallback back.
+KILL_AFTER_SECONDS = 0.5
 
 
 class TreeTooCostly(Exception):
@@ -61,9 +61,10 @@ _turns = threading.Condition()
 
 def start(processes: int, *, memory_mb: int) -> None:
     """Start `processes` children, each limited to `memory_mb` of address space beyond
-    what it holds at its start; returns once one has built a tree."""
+    what it holds at its start; returns once one answers."""
     global _children, _per_client
     _per_client = max(1, processes // 2)
+    pebble.CONSTS.term_timeout = KILL_AFTER_SECONDS
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([PRELOAD])
     pool = pebble.ProcessPool(
