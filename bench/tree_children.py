@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.hostile_pages import distinct_attributes, one_tag_page  # noqa: E402
+
 ROUNDS = 3
 
 
@@ -88,10 +90,6 @@ def corpus(analyze_html, treebuild, settings) -> None:
     print(f"median CPU ratio, child / here: {ratio:.2f}x")
 
 
-def distinct_attributes(count: int) -> bytes:
-    return b"<title>A</title><p" + b"".join(b" a%d" % i for i in range(count)) + b">x</p>"
-
-
 def reason(result: dict) -> str:
     link_text = next(f for f in result["findings"] if f["id"] == "link-text")
     return link_text.get("details", {}).get("reason", "tree built")
@@ -106,7 +104,7 @@ def attributes(analyze_html, treebuild, settings) -> None:
     treebuild.start(1, memory_mb=settings.AUDIT_TREE_MEMORY_MB)
     try:
         for count in (10_000, 20_000, 40_000, 80_000, 600_000):
-            body = distinct_attributes(count)
+            body = one_tag_page(distinct_attributes(count), title="A")
             if count <= 40_000:
                 treebuild.stop()
                 started = time.perf_counter()
@@ -131,7 +129,7 @@ SHAPES = {
 
 
 def shaped(piece: bytes) -> bytes:
-    return b"<title>M</title><p" + piece * (5 * 1024 * 1024 // len(piece)) + b">x</p>"
+    return one_tag_page(piece * (5 * 1024 * 1024 // len(piece)), title="M")
 
 
 def growth_here(name: str) -> float:

@@ -50,3 +50,14 @@ def link_stuffed_page(host: str, *, links: int, length: int = 0) -> bytes:
         anchors.append(f"<a href='{url}{'p' * max(0, length - len(url))}'>{i}</a>")
     anchors.append(f"<a href='http://{host}/long/{'x' * 100_000}'>long</a>")
     return ("<!doctype html><title>Links</title>" + "".join(anchors)).encode()
+
+
+def one_tag_page(attributes: bytes, *, title: str = "Attributes") -> bytes:
+    """A page whose one `<p>` tag holds `attributes`: what a tag's attributes cost the tree
+    (DECISIONS.md, "A large page's tree is built in a child process")."""
+    return f"<title>{title}</title><p".encode() + attributes + b">x</p>"
+
+
+def distinct_attributes(count: int) -> bytes:
+    """`count` attributes of different names (` a0 a1 ...`): Lexbor's tree costs their square."""
+    return b"".join(b" a%d" % i for i in range(count))

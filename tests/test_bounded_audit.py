@@ -20,7 +20,12 @@ from audits import services, submission
 from audits.models import Audit, LinkCheck
 from audits.summary import abridged_result
 from outbound.urls import MAX_URL_LENGTH, normalize_url
-from tests.hostile_pages import HostilePages, link_stuffed_page
+from tests.hostile_pages import (
+    HostilePages,
+    distinct_attributes,
+    link_stuffed_page,
+    one_tag_page,
+)
 from tests.workers import wait_for
 from webhooks.deliver import payload_for
 
@@ -234,9 +239,7 @@ def test_a_page_of_markup_without_elements_is_audited_in_bounded_memory(
     [
         # Lexbor's tree costs their square, in C no time limit interrupts: 40,000 took
         # 3.7 s in one process, 80,000 take tens of seconds. The child is given 2.
-        pytest.param(
-            b"".join(b" a%d" % i for i in range(80_000)), "too_costly_for_a_tree", id="distinct"
-        ),
+        pytest.param(distinct_attributes(80_000), "too_costly_for_a_tree", id="distinct"),
         # 196 MiB in one process: within the child's 256, outside the worker.
         pytest.param(b" a" * (5 * 1024 * 1024 // 2), None, id="duplicate"),
     ],
@@ -244,10 +247,10 @@ def test_a_page_of_markup_without_elements_is_audited_in_bounded_memory(
 def test_a_tag_of_many_attributes_is_parsed_outside_the_worker(
     live_server, hostile, start_worker, attributes, reason
 ):
-    body = b"<title>Attributes</title><p" + attributes + b">x</p>"
     audit, growth = audited_with_peak_growth(
-        live_server, hostile, start_worker, "/attributes", body, env={"AUDIT_TREE_SECONDS": "2"}
-    )
+        live_server, hostile, start_worker, "/attributes", one_tag_page(attributes),
+        env={"AUDIT_TREE_SECONDS": "2"},
+    )  # fmt: skip
     by_id = {item["id"]: item for item in audit.result["findings"]}
     assert audit.result["title"] == "Attributes"
     assert by_id["link-text"]["details"].get("reason") == reason

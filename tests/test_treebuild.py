@@ -10,6 +10,7 @@ import time
 import pytest
 
 from audits import analysis, treebuild
+from tests.hostile_pages import distinct_attributes, one_tag_page
 from tests.workers import wait_for
 
 PAGE = "https://example.test/"
@@ -18,12 +19,6 @@ PAGE = "https://example.test/"
 LARGE_PAGE = (
     "<title>Large</title>" + '<p class="x"><a href="/a">a link</a> text</p>' * 2000
 ).encode()
-
-
-def distinct_attributes(count: int) -> bytes:
-    """One tag of `count` attributes of different names: Lexbor's tree costs their square
-    (40,000 took 3.7 s in one process)."""
-    return b"<title>Attributes</title><p" + b"".join(b" a%d" % i for i in range(count)) + b">x</p>"
 
 
 def link_text(result: dict) -> dict:
@@ -53,7 +48,7 @@ def test_a_tag_of_80000_distinct_attributes_ends_at_the_childs_deadline(tree_bui
     # Parsed here it takes tens of seconds of C code no time limit can interrupt.
     settings.AUDIT_TREE_SECONDS = 1.0
     started = time.monotonic()
-    result = analysis.analyze_html(distinct_attributes(80_000), base_url=PAGE)
+    result = analysis.analyze_html(one_tag_page(distinct_attributes(80_000)), base_url=PAGE)
     assert time.monotonic() - started < 8
     assert result["title"] == "Attributes"
     assert link_text(result)["details"] == {"reason": "too_costly_for_a_tree"}
@@ -65,7 +60,7 @@ def test_a_tag_of_80000_distinct_attributes_ends_at_the_childs_deadline(tree_bui
 
 def test_a_tag_of_5_mib_of_duplicate_attributes_ends_at_the_childs_memory(tree_builders):
     # 196 MiB in one process; the child has 128 MiB.
-    body = b"<title>Duplicates</title><p" + b" a" * (5 * 1024 * 1024 // 2) + b">x</p>"
+    body = one_tag_page(b" a" * (5 * 1024 * 1024 // 2), title="Duplicates")
     result = analysis.analyze_html(body, base_url=PAGE)
     assert result["title"] == "Duplicates"
     assert link_text(result)["details"] == {"reason": "too_costly_for_a_tree"}
@@ -98,7 +93,9 @@ def test_a_clients_costly_pages_wait_their_turn_behind_another_clients_page(
         finished.append(name)
 
     hostile = [
-        threading.Thread(target=audit, args=("ip:hostile", distinct_attributes(80_000), n))
+        threading.Thread(
+            target=audit, args=("ip:hostile", one_tag_page(distinct_attributes(80_000)), n)
+        )
         for n in ("hostile 1", "hostile 2", "hostile 3")
     ]
     for thread in hostile:
