@@ -4,10 +4,10 @@ the step)."""
 from __future__ import annotations
 
 from celery import bootsteps
-from celery.concurrency.thread import TaskPool as ThreadPool
 from django.conf import settings
 
 from audits import treebuild
+from jobs.bootsteps import runs_threads
 
 
 class TreeBuilders(bootsteps.StartStopStep):
@@ -18,9 +18,7 @@ class TreeBuilders(bootsteps.StartStopStep):
     label = "Tree builders"
 
     def include_if(self, worker) -> bool:
-        pool = worker.pool_cls
-        threads = isinstance(pool, type) and issubclass(pool, ThreadPool)
-        return threads and settings.AUDIT_QUEUE in worker.app.amqp.queues.consume_from
+        return runs_threads(worker) and settings.AUDIT_QUEUE in worker.app.amqp.queues.consume_from
 
     def start(self, worker):
         treebuild.start(settings.AUDIT_TREE_PROCESSES, memory_mb=settings.AUDIT_TREE_MEMORY_MB)

@@ -29,6 +29,12 @@ from observability import sampler
 log = logging.getLogger(__name__)
 
 
+def runs_threads(worker) -> bool:
+    """Whether `worker`'s pool runs its tasks in threads of its own process."""
+    pool = worker.pool_cls
+    return isinstance(pool, type) and issubclass(pool, ThreadPool)
+
+
 class TimeLimitCheck(bootsteps.Step):
     """Says, as the worker starts, which tasks could outlive their queue's visibility timeout.
 
@@ -248,8 +254,7 @@ class TimeLimitWatchdog(WorkerThread):
     thread_name = "time-limit-watchdog"
 
     def include_if(self, worker) -> bool:
-        pool = worker.pool_cls
-        return isinstance(pool, type) and issubclass(pool, ThreadPool)
+        return runs_threads(worker)
 
     def interval(self) -> float:
         return 1.0
