@@ -227,17 +227,18 @@ def analyze_html(
         return _read_without_a_tree(chunks, sniffed, base_url, page, robots, too)
     source = _lexbor_input(body, sniffed, chunks)
     del chunks
+    if len(source) <= settings.AUDIT_TREE_IN_PROCESS_MAX_BYTES:
+        read = read_tree(source, base_url, page, robots, settings.AUDIT_MAX_LINKS)
+        return {**read, "encoding": sniffed.encoding}
     try:
-        if len(source) > settings.AUDIT_TREE_IN_PROCESS_MAX_BYTES:
-            read = treebuild.build(
-                read_tree, source, base_url, page, robots, settings.AUDIT_MAX_LINKS,
-                seconds=settings.AUDIT_TREE_SECONDS, client=client,
-            )  # fmt: skip
-        else:
-            read = read_tree(source, base_url, page, robots, settings.AUDIT_MAX_LINKS)
+        read = treebuild.build(
+            read_tree, source, base_url, page, robots, settings.AUDIT_MAX_LINKS,
+            seconds=settings.AUDIT_TREE_SECONDS, client=client,
+        )  # fmt: skip
     except treebuild.TreeTooCostly as exc:
         log.warning("audit.tree_too_costly", extra={"url": base_url, "error": str(exc)})
         del source
+        # Decoded again rather than held while the child worked: this page is rare.
         chunks = list(decoded_chunks(body, sniffed))
         return _read_without_a_tree(
             chunks, sniffed, base_url, page, robots, "too_costly_for_a_tree"
