@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 
 import pytest
@@ -73,3 +74,26 @@ def test_a_traceback_keeps_its_chain_and_its_own_line_breaks():
     assert "The above exception was the direct cause of the following exception:" in output
     assert "jobs.errors.Permanent: outer\\nline" in output
     assert output.count("Traceback (most recent call last):") == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "two words",
+        "tab\there",
+        "no\xa0break",
+        "line\u2028separator",
+        "bell\x07",
+        "a=b",
+        'say "x"',
+        "",
+    ],
+)
+def test_a_field_that_could_be_read_as_two_is_quoted(value):
+    line = log_output(False, lambda log: log.info("event", extra={"field": value}))
+    assert line.rstrip("\n").endswith(f" field={json.dumps(value)}")
+
+
+def test_a_plain_field_is_written_as_it_is():
+    line = log_output(False, lambda log: log.info("event", extra={"audit_id": "3f2a9c1e-7b1d"}))
+    assert line.rstrip("\n").endswith(" audit_id=3f2a9c1e-7b1d")
