@@ -360,7 +360,7 @@ class Audit(JobRow):
     page = models.ForeignKey(Page, on_delete=models.CASCADE, related_name="audits", db_index=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SUBMITTED)
-    # NULL, not "", when absent: the unique constraint must allow many audits without a key.
+    # NULL, not "", when absent: the unique constraint holds keyed audits only.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -399,8 +399,12 @@ class Audit(JobRow):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
+            # Only audits with a key (nightly re-audits): a submission has none, and an
+            # entry for each would be written on its insert, claim and finish for nothing.
             models.UniqueConstraint(
-                fields=["idempotency_key"], name="audit_idempotency_key_unique"
+                fields=["idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="audit_idempotency_key_unique",
             ),
         ]
         indexes = [

@@ -6,7 +6,9 @@ insert writes. Uniqueness and lookups keep their own indexes. No index another o
 already covers ("No index another one already covers"): a foreign key's own index where a
 composite one leads with the key. And the submitter's index holds submitted audits only
 ("The submitter's index holds submitted audits only"): the nightly re-audits have no
-submitter and no listing reads them through it.
+submitter and no listing reads them through it. The idempotency key's unique index holds
+keyed audits only ("The idempotency key's index holds keyed audits only"): a submission
+has no key.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ BEFORE = [
     ("jobs", "0006_breaker_changed_index"),
 ]
 SUBMITTER_INDEX = "audit_submitter_created_idx"
+IDEMPOTENCY_INDEX = "audit_idempotency_key_unique"
 AFTER = [("audits", "0024_no_pattern_indexes"), ("jobs", "0007_dead_letter_task_id_index_in_meta")]
 
 PATTERN_INDEXES = """
@@ -112,6 +115,15 @@ def index_definitions(prefix: str) -> dict[str, str]:
             [prefix + "%"],
         )
         return dict(cursor.fetchall())
+
+
+def unique_constraints(table: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'u' AND conrelid = %s::regclass",
+            [table],
+        )
+        return [name for (name,) in cursor.fetchall()]
 
 
 def index_bytes(name: str) -> int:
@@ -211,6 +223,55 @@ def test_the_submitter_s_index_is_rebuilt_in_place_even_after_a_failed_build():
     assert list(submitted_only) == [SUBMITTER_INDEX]
     assert submitted_only[SUBMITTER_INDEX].endswith("WHERE (submitter_id IS NOT NULL)")
     assert reversed_ == every_audit
+
+
+@pytest.mark.django_db
+def test_submitted_audits_leave_the_idempotency_key_s_index_empty():
+    page = Page.objects.create(url="https://example.test/", domain="example.test")
+    empty = index_bytes(IDEMPOTENCY_INDEX)
+    Audit.objects.bulk_create(Audit(page=page, task_id=f"submitted-{n}") for n in range(2000))
+    assert index_bytes(IDEMPOTENCY_INDEX) == empty
+    Audit.objects.bulk_create(
+        Audit(page=page, trigger=Audit.Trigger.REAUDIT, task_id=f"night-{n}",
+              idempotency_key=f"reaudit-{n}")
+        for n in range(2000)
+    )  # fmt: skip
+    assert index_bytes(IDEMPOTENCY_INDEX) > empty
+
+
+@pytest.mark.django_db
+def test_a_key_is_still_unique():
+    page = Page.objects.create(url="https://example.test/", domain="example.test")
+    Audit.objects.create(page=page, task_id="first", idempotency_key="reaudit-1")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Audit.objects.create(page=page, task_id="second", idempotency_key="reaudit-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_idempotency_key_s_index_is_rebuilt_in_place_even_after_a_failed_build():
+    before = [("audits", "0026_link_check_audit_index_covered")]
+    try:
+        migrate(before)
+        every_audit = index_definitions("audit_idempotency_key")
+        # What a build that failed half-way leaves (CREATE INDEX CONCURRENTLY does leave it).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE UNIQUE INDEX audit_idempotency_key_new ON audits_audit (idempotency_key)"
+            )
+        migrate_to_latest()
+        keyed_only = index_definitions("audit_idempotency_key")
+        migrate(before)
+        reversed_ = index_definitions("audit_idempotency_key")
+        constraint = unique_constraints("audits_audit")
+    finally:
+        migrate_to_latest()
+    assert list(every_audit) == [IDEMPOTENCY_INDEX]
+    assert "WHERE" not in every_audit[IDEMPOTENCY_INDEX]
+    assert list(keyed_only) == [IDEMPOTENCY_INDEX]
+    assert keyed_only[IDEMPOTENCY_INDEX].endswith("WHERE (idempotency_key IS NOT NULL)")
+    assert reversed_ == every_audit
+    # Back to a constraint, as Django made it, not an index alone.
+    assert IDEMPOTENCY_INDEX in constraint
 
 
 @pytest.mark.django_db
