@@ -210,8 +210,9 @@ def analyze_html(
     a page of more stray `<` than MAX_PARSE_ERRORS (`too_many_parse_errors`). A page past
     AUDIT_TREE_IN_PROCESS_MAX_BYTES has its tree built by a child of the audits worker
     (audits.treebuild), and one that would cost that child more memory or time than it
-    has is read by the streaming pass too (`too_costly_for_a_tree`); `client` (whose
-    audit it is) waits for its turn with the children. Either way
+    has is read by the streaming pass too (`too_costly_for_a_tree`), as is one that no
+    child took within AUDIT_TREE_WAIT_SECONDS (`tree_builders_busy`); `client` (whose
+    audit it is) waits for its turn with the children within that wait. Either way
     what the result holds is bounded (AUDIT_MAX_LINKS, MAX_TEXT_LENGTH, MAX_URL_LENGTH,
     audits.findings.FINDING_MAX_ITEMS).
     """
@@ -233,16 +234,15 @@ def analyze_html(
     try:
         read = treebuild.build(
             read_tree, source, base_url, page, robots, settings.AUDIT_MAX_LINKS,
-            seconds=settings.AUDIT_TREE_SECONDS, client=client,
+            seconds=settings.AUDIT_TREE_SECONDS, wait_seconds=settings.AUDIT_TREE_WAIT_SECONDS,
+            client=client,
         )  # fmt: skip
-    except treebuild.TreeTooCostly as exc:
-        log.warning("audit.tree_too_costly", extra={"url": base_url, "error": str(exc)})
+    except treebuild.NoTree as exc:
+        log.warning(exc.event, extra={"url": base_url, "error": str(exc)})
         del source
         # Decoded again rather than held while the child worked: this page is rare.
         chunks = list(decoded_chunks(body, sniffed))
-        return _read_without_a_tree(
-            chunks, sniffed, base_url, page, robots, "too_costly_for_a_tree"
-        )
+        return _read_without_a_tree(chunks, sniffed, base_url, page, robots, exc.reason)
     return {**read, "encoding": sniffed.encoding}
 
 

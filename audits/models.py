@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
 
+from audits import treebuild
 from audits.changes import FAILING_CHECKS, compare, failing_checks, got_worse
 from audits.secrets import EncryptedSecretField
 from audits.signals import audit_finished
@@ -457,14 +458,21 @@ class Audit(JobRow):
 
 
 # An audit as a job (jobs.lifecycle). Its attempt fetches and parses the page, bounded by
-# the fetch's whole deadline; an audit `checking_links` rests: its links' checks are the
-# jobs then, and the last of them (or the link-check deadline) finishes it.
+# the fetch's whole deadline, then a large page's wait for a tree builder and the child's
+# own deadline, kill included (audits.treebuild); an audit `checking_links` rests: its
+# links' checks are the jobs then, and the last of them (or the link-check deadline)
+# finishes it.
 AUDIT_JOB = Job(
     name="audits",
     model=Audit,
     task="audits.run_audit",
     queue=settings.AUDIT_QUEUE,
-    deadline=Deadline(work=settings.AUDIT_FETCH_TIMEOUT_SECONDS),
+    deadline=Deadline(
+        work=settings.AUDIT_FETCH_TIMEOUT_SECONDS
+        + settings.AUDIT_TREE_WAIT_SECONDS
+        + settings.AUDIT_TREE_SECONDS
+        + treebuild.KILL_AFTER_SECONDS
+    ),
     queued=Audit.Status.QUEUED,
     running=Audit.Status.RUNNING,
     waiting=Audit.Status.RETRYING,

@@ -19,6 +19,10 @@ The children are shared by every client's audits in the worker, so a client hold
 half of them (one, with the default one), and its other large pages wait for its turn
 outside the children's queue: another client's page queued meanwhile goes first. One
 client's costly pages delay another's by one page's deadline at most, not by all of them.
+Many clients' costly pages still queue one behind another, so a page waits for its turn
+and for a child at most `wait_seconds` (AUDIT_TREE_WAIT_SECONDS); past it, it is read
+without a tree (`BuildersBusy`), and its audit stays within its time limits: a thread
+waiting here cannot be interrupted by them (jobs.timelimits).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import multiprocessing
 import resource
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -48,8 +53,23 @@ PRELOAD = "config.tree_children"
 KILL_AFTER_SECONDS = 0.5
 
 
-class TreeTooCostly(Exception):
+class NoTree(Exception):
+    """The page's tree was not built; `reason` is what its audit's findings say, `event`
+    what the worker logs."""
+
+    reason = event = ""
+
+
+class TreeTooCostly(NoTree):
     """The tree would cost more memory or time than a child is given."""
+
+    reason, event = "too_costly_for_a_tree", "audit.tree_too_costly"
+
+
+class BuildersBusy(NoTree):
+    """No child took the page within its wait: other pages held every one."""
+
+    reason, event = "tree_builders_busy", "audit.tree_builders_busy"
 
 
 _children: pebble.ProcessPool | None = None
@@ -94,15 +114,24 @@ def holding(client: str) -> int:
         return _holding.get(client, 0)
 
 
-def build(function: Callable[..., T], *args, seconds: float, client: str = "") -> T:
-    """`function(*args)`, in a child when the worker has them (else here): its result, or
-    TreeTooCostly when the child ran out of memory or of `seconds`. `client`
-    (audits.admission.client_key; "" for the system's own work) waits for its turn."""
+def build(
+    function: Callable[..., T], *args, seconds: float, wait_seconds: float, client: str = ""
+) -> T:
+    """`function(*args)`, in a child when the worker has them (else here): its result,
+    TreeTooCostly when the child ran out of memory or of `seconds`, or BuildersBusy when
+    no child started it within `wait_seconds`. `client` (audits.admission.client_key; ""
+    for the system's own work) waits for its turn within that wait too."""
     pool = _children
     if pool is None:
         return function(*args)
-    with _clients_turn(client):
+    given_up_at = time.monotonic() + wait_seconds
+    with _clients_turn(client, given_up_at):
         future = pool.schedule(function, args=args, timeout=seconds)
+        concurrent.futures.wait([future], timeout=max(0.0, given_up_at - time.monotonic()))
+        # Still queued: cancelled, it never starts (or, if a child takes it meanwhile, that
+        # child is replaced).
+        if not future.running() and not future.done() and future.cancel():
+            raise BuildersBusy(f"no tree builder took the page within {wait_seconds:g} s")
         try:
             return future.result()
         except concurrent.futures.TimeoutError:
@@ -114,10 +143,15 @@ def build(function: Callable[..., T], *args, seconds: float, client: str = "") -
 
 
 @contextlib.contextmanager
-def _clients_turn(client: str):
-    """Hold one of `client`'s places with the children, waiting until it has one."""
+def _clients_turn(client: str, given_up_at: float):
+    """Hold one of `client`'s places with the children, waiting until it has one, or
+    BuildersBusy past `given_up_at` (time.monotonic())."""
     with _turns:
-        _turns.wait_for(lambda: _holding.get(client, 0) < _per_client)
+        if not _turns.wait_for(
+            lambda: _holding.get(client, 0) < _per_client,
+            timeout=max(0.0, given_up_at - time.monotonic()),
+        ):
+            raise BuildersBusy("the client's pages held its turns with the tree builders")
         _holding[client] = _holding.get(client, 0) + 1
     try:
         yield

@@ -110,3 +110,56 @@ def test_a_clients_costly_pages_wait_their_turn_behind_another_clients_page(
     after_other = finished[finished.index("other") + 1 :]
     assert len([name for name in after_other if name.startswith("hostile")]) >= 2, finished
     assert treebuild.holding("ip:hostile") == 0
+
+
+def test_many_clients_costly_pages_hold_no_page_past_its_wait(tree_builders, settings):
+    # Six clients' pages each hold the one child for its whole deadline (1 s, and 0.5 s to
+    # kill it): unbounded, the last page waited about 9 s, past any audit's time limit,
+    # which cannot interrupt the wait. Each page now waits at most 2 s for a child.
+    settings.AUDIT_TREE_SECONDS = 1.0
+    settings.AUDIT_TREE_WAIT_SECONDS = 2.0
+    costly = one_tag_page(distinct_attributes(80_000))
+    ended: dict[str, tuple[float, str]] = {}
+    started = time.monotonic()
+
+    def audit(client: str, body: bytes) -> None:
+        result = analysis.analyze_html(body, base_url=PAGE, client=client)
+        reason = link_text(result).get("details", {}).get("reason", "tree built")
+        ended[client] = (time.monotonic() - started, reason)
+
+    threads = [threading.Thread(target=audit, args=(f"ip:hostile-{n}", costly)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: sum(treebuild.holding(f"ip:hostile-{n}") for n in range(6)) == 6, timeout=10)
+    other = threading.Thread(target=audit, args=("ip:other", LARGE_PAGE))
+    other.start()
+    for thread in [*threads, other]:
+        thread.join(timeout=30)
+    # The wait, the child's deadline and its kill, and room for a slow machine.
+    assert max(seconds for seconds, _ in ended.values()) < 2.0 + 1.5 + 2.5, ended
+    assert ended["ip:other"][1] == "tree_builders_busy", ended
+    assert {reason for _, reason in ended.values()} == {
+        "too_costly_for_a_tree",
+        "tree_builders_busy",
+    }
+    # The cancelled pages left the builder working: the next large page gets its tree.
+    assert link_text(analysis.analyze_html(LARGE_PAGE, base_url=PAGE))["outcome"] != (
+        "not_applicable"
+    )
+
+
+def test_a_clients_page_waits_for_its_turn_only_as_long_as_its_wait(tree_builders, settings):
+    settings.AUDIT_TREE_SECONDS = 2.0
+    settings.AUDIT_TREE_WAIT_SECONDS = 0.5
+    holder = threading.Thread(
+        target=analysis.analyze_html,
+        args=(one_tag_page(distinct_attributes(80_000)),),
+        kwargs={"base_url": PAGE, "client": "ip:one"},
+    )
+    holder.start()
+    wait_for(lambda: treebuild.holding("ip:one") == 1, timeout=10)
+    began = time.monotonic()
+    result = analysis.analyze_html(LARGE_PAGE, base_url=PAGE, client="ip:one")
+    assert time.monotonic() - began < 2.0
+    assert link_text(result)["details"] == {"reason": "tree_builders_busy"}
+    holder.join(timeout=30)
