@@ -3,17 +3,17 @@ the step)."""
 
 from __future__ import annotations
 
-from celery import bootsteps
 from django.conf import settings
 
 from audits import treebuild
-from jobs.bootsteps import runs_threads
+from jobs.bootsteps import UsedByTasks, runs_threads
 
 
-class TreeBuilders(bootsteps.StartStopStep):
+class TreeBuilders(UsedByTasks):
     """The children that build large pages' trees (audits.treebuild), in a worker of
     threads consuming the audits queue: a prefork pool's own hard time limit kills the
-    process that runs the parse, and no other queue parses pages."""
+    process that runs the parse, and no other queue parses pages. A warm shutdown stops
+    them once the pool's running audits have finished (UsedByTasks)."""
 
     label = "Tree builders"
 
@@ -24,6 +24,7 @@ class TreeBuilders(bootsteps.StartStopStep):
         treebuild.start(settings.AUDIT_TREE_PROCESSES, memory_mb=settings.AUDIT_TREE_MEMORY_MB)
 
     def stop(self, worker):
+        super().stop(worker)
         treebuild.stop()
 
     shutdown = stop

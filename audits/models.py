@@ -471,7 +471,7 @@ AUDIT_JOB = Job(
         work=settings.AUDIT_FETCH_TIMEOUT_SECONDS
         + settings.AUDIT_TREE_WAIT_SECONDS
         + settings.AUDIT_TREE_SECONDS
-        + treebuild.KILL_AFTER_SECONDS
+        + treebuild.ANSWER_SECONDS
     ),
     queued=Audit.Status.QUEUED,
     running=Audit.Status.RUNNING,

@@ -12,7 +12,9 @@ its own; one that runs out of it, or of AUDIT_TREE_SECONDS, is killed and replac
 built in the worker: its worst case is bounded by its size.
 
 The children are the worker's own, started and stopped by its `TreeBuilders` bootstep
-(audits.bootsteps). A process without them (a test, a shell, a bench) builds every tree
+(audits.bootsteps), once its pool's running audits have finished; in a session of their
+own (config.tree_children), so a signal to the worker's process group stops the worker,
+not a page in a child. A process without them (a test, a shell, a bench) builds every tree
 itself.
 
 The children are shared by every client's audits in the worker, so a client holds at most
@@ -51,6 +53,10 @@ PRELOAD = "config.tree_children"
 # inside Lexbor's C code never runs the SIGTERM handler (a Python one), so pebble's default
 # of 3 s would only hold the page's fallback back.
 KILL_AFTER_SECONDS = 0.5
+# The most a started page takes past its deadline: the kill, and pebble's loop (every 0.1
+# s) noticing the deadline under a busy worker's GIL. Past it the builders are not
+# answering (stopped, or broken), and the page is given up rather than waited on forever.
+ANSWER_SECONDS = KILL_AFTER_SECONDS + 1.0
 
 
 class NoTree(Exception):
@@ -133,8 +139,10 @@ def build(
         if not future.running() and not future.done() and future.cancel():
             raise BuildersBusy(f"no tree builder took the page within {wait_seconds:g} s")
         try:
-            return future.result()
+            return future.result(timeout=seconds + ANSWER_SECONDS)
         except concurrent.futures.TimeoutError:
+            if not future.done() and future.cancel():
+                raise BuildersBusy("the tree builders did not answer") from None
             raise TreeTooCostly(f"the tree took more than {seconds:g} s") from None
         except (MemoryError, SelectolaxError, pebble.ProcessExpired) as exc:
             # Out of address space: Lexbor's allocation fails (SelectolaxError), Python's

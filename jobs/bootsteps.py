@@ -35,6 +35,27 @@ def runs_threads(worker) -> bool:
     return isinstance(pool, type) and issubclass(pool, ThreadPool)
 
 
+class UsedByTasks(bootsteps.StartStopStep):
+    """A step whose service the pool's running tasks use (the time-limit watchdog, the tree
+    builders): started after the pool, and on a warm shutdown stopped only once the pool
+    has finished its running tasks.
+
+    Celery stops a worker's steps in the reverse of their start order, and orders the steps
+    that require nothing as its set of steps happens to iterate: the tree builders were
+    stopped before the pool in one start of four, and the audits still using them failed
+    (tests/test_treebuild.py, tests/test_treebuild_shutdown.py).
+    """
+
+    requires = ("celery.worker.components:Pool",)
+
+    def stop(self, worker):
+        if worker.pool is not None:
+            # Celery's pool stop waits for the running tasks (and cancels what has not
+            # started); the Pool step's own stop, next, finds it stopped.
+            worker.pool.stop()
+        super().stop(worker)
+
+
 class TimeLimitCheck(bootsteps.Step):
     """Says, as the worker starts, which tasks could outlive their queue's visibility timeout.
 
@@ -247,8 +268,9 @@ class MinuteSampler(WorkerThread):
         sampler.sample_once(client=client)
 
 
-class TimeLimitWatchdog(WorkerThread):
-    """Enforces the tasks' time limits in a thread-pool worker, where Celery does not."""
+class TimeLimitWatchdog(UsedByTasks, WorkerThread):
+    """Enforces the tasks' time limits in a thread-pool worker, where Celery does not, until
+    its last task has ended."""
 
     label = "Time limit watchdog"
     thread_name = "time-limit-watchdog"

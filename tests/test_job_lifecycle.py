@@ -48,7 +48,8 @@ def test_each_task_takes_its_limits_from_its_job_s_deadline():
 
 
 def test_a_lease_past_the_visibility_timeout_is_named():
-    # The fetch's 10 s, a large page's 5 s wait for a tree builder, its 3 s and the kill's 0.5.
+    # The fetch's 10 s, a large page's 4 s wait for a tree builder, its 3 s and 1.5 s for
+    # the child's kill and its answer (audits.treebuild.ANSWER_SECONDS).
     (problem,) = deadline_problems([run_audit], {"audits": 108})
     assert problem.startswith("audits.run_audit: soft 48.5 s < hard 78.5 s < lease 108.5 s")
     assert deadline_problems([run_audit], {"audits": 108.5}) == []

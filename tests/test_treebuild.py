@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
+from celery.concurrency.thread import TaskPool as ThreadPool
 
 from audits import analysis, treebuild
+from audits.bootsteps import TreeBuilders
 from tests.hostile_pages import distinct_attributes, one_tag_page
 from tests.workers import wait_for
 
@@ -163,3 +166,31 @@ def test_a_clients_page_waits_for_its_turn_only_as_long_as_its_wait(tree_builder
     assert time.monotonic() - began < 2.0
     assert link_text(result)["details"] == {"reason": "tree_builders_busy"}
     holder.join(timeout=30)
+
+
+def test_a_warm_shutdown_stops_the_builders_once_the_pools_running_audits_have_finished():
+    # Celery stops the steps in the reverse of their start order: the builders' step,
+    # started after the pool, is stopped before it, and its stop lets the pool's running
+    # audits finish first. Stopped at once, this page lost its child mid-build.
+    pool = ThreadPool(limit=2)
+    pool.start()
+    worker = SimpleNamespace(pool=pool)
+    step = TreeBuilders(worker)
+    step.start(worker)
+    results = []
+
+    def audit():
+        page = one_tag_page(distinct_attributes(20_000), title="Slow tree")
+        results.append(analysis.analyze_html(page, base_url=PAGE))
+
+    try:
+        pool.apply_async(audit)
+        wait_for(lambda: treebuild.holding("") == 1, timeout=10)
+        step.stop(worker)
+    finally:
+        pool.stop()
+        treebuild.stop()
+    assert not treebuild.running()
+    (result,) = results
+    assert result["title"] == "Slow tree"
+    assert "reason" not in link_text(result).get("details", {})

@@ -38,6 +38,7 @@ class FailingTicks:
 
 class Worker:
     app = app
+    pool = None  # a worker whose pool has not started, or has none
 
 
 @pytest.mark.parametrize("thread_class", THREADS, ids=lambda cls: cls.__name__)
