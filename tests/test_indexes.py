@@ -201,23 +201,33 @@ def test_the_nightly_re_audits_leave_the_submitter_s_index_empty(django_user_mod
     assert index_bytes(SUBMITTER_INDEX) > empty
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_submitter_s_index_is_rebuilt_in_place_even_after_a_failed_build():
-    before = [("audits", "0024_no_pattern_indexes")]
+def upgraded_from_a_failed_build(before: list, prefix: str, leftover: str) -> tuple:
+    """The definitions of the indexes named `prefix...` at `before`, after the upgrade from
+    there with `leftover` run first (what a build that failed half-way leaves: CREATE INDEX
+    CONCURRENTLY does leave it), and back at `before`; and the audits' unique constraints
+    then."""
     try:
         migrate(before)
-        every_audit = index_definitions("audit_submitter_created")
-        # What a build that failed half-way leaves (CREATE INDEX CONCURRENTLY does leave it).
+        old = index_definitions(prefix)
         with connection.cursor() as cursor:
-            cursor.execute(
-                "CREATE INDEX audit_submitter_created_new ON audits_audit (submitter_id)"
-            )
+            cursor.execute(leftover)
         migrate_to_latest()
-        submitted_only = index_definitions("audit_submitter_created")
+        new = index_definitions(prefix)
         migrate(before)
-        reversed_ = index_definitions("audit_submitter_created")
+        reversed_ = index_definitions(prefix)
+        constraints = unique_constraints("audits_audit")
     finally:
         migrate_to_latest()
+    return old, new, reversed_, constraints
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_submitter_s_index_is_rebuilt_in_place_even_after_a_failed_build():
+    every_audit, submitted_only, reversed_, _ = upgraded_from_a_failed_build(
+        [("audits", "0024_no_pattern_indexes")],
+        "audit_submitter_created",
+        "CREATE INDEX audit_submitter_created_new ON audits_audit (submitter_id)",
+    )
     assert list(every_audit) == [SUBMITTER_INDEX]
     assert "WHERE" not in every_audit[SUBMITTER_INDEX]
     assert list(submitted_only) == [SUBMITTER_INDEX]
@@ -249,29 +259,18 @@ def test_a_key_is_still_unique():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_idempotency_key_s_index_is_rebuilt_in_place_even_after_a_failed_build():
-    before = [("audits", "0026_link_check_audit_index_covered")]
-    try:
-        migrate(before)
-        every_audit = index_definitions("audit_idempotency_key")
-        # What a build that failed half-way leaves (CREATE INDEX CONCURRENTLY does leave it).
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "CREATE UNIQUE INDEX audit_idempotency_key_new ON audits_audit (idempotency_key)"
-            )
-        migrate_to_latest()
-        keyed_only = index_definitions("audit_idempotency_key")
-        migrate(before)
-        reversed_ = index_definitions("audit_idempotency_key")
-        constraint = unique_constraints("audits_audit")
-    finally:
-        migrate_to_latest()
+    every_audit, keyed_only, reversed_, constraints = upgraded_from_a_failed_build(
+        [("audits", "0026_link_check_audit_index_covered")],
+        "audit_idempotency_key",
+        "CREATE UNIQUE INDEX audit_idempotency_key_new ON audits_audit (idempotency_key)",
+    )
     assert list(every_audit) == [IDEMPOTENCY_INDEX]
     assert "WHERE" not in every_audit[IDEMPOTENCY_INDEX]
     assert list(keyed_only) == [IDEMPOTENCY_INDEX]
     assert keyed_only[IDEMPOTENCY_INDEX].endswith("WHERE (idempotency_key IS NOT NULL)")
     assert reversed_ == every_audit
     # Back to a constraint, as Django made it, not an index alone.
-    assert IDEMPOTENCY_INDEX in constraint
+    assert IDEMPOTENCY_INDEX in constraints
 
 
 @pytest.mark.django_db

@@ -19,41 +19,43 @@ KEYED_ONLY = models.UniqueConstraint(
 BUILDING = "audit_idempotency_key_new"
 
 
-def to_keyed_only(apps, schema_editor):
-    audit = apps.get_model("audits", "Audit")
-    if schema_editor.connection.vendor != "postgresql":
-        schema_editor.remove_constraint(audit, EVERY_AUDIT)
-        schema_editor.add_constraint(audit, KEYED_ONLY)
-        return
-    table, building, name = (
-        schema_editor.quote_name(n) for n in (audit._meta.db_table, BUILDING, NAME)
-    )
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {building}")
-    schema_editor.execute(
-        f"CREATE UNIQUE INDEX CONCURRENTLY {building} ON {table} (idempotency_key) "
-        "WHERE idempotency_key IS NOT NULL"
-    )
-    schema_editor.remove_constraint(audit, EVERY_AUDIT)
-    schema_editor.execute(f"ALTER INDEX {building} RENAME TO {name}")
+def swap(old: models.UniqueConstraint, new: models.UniqueConstraint, *postgresql: str):
+    """SQLite: `old` dropped, `new` added. PostgreSQL: a leftover of a failed build dropped,
+    then the `postgresql` statements, written with {table}, {building} and {name}."""
+
+    def run(apps, schema_editor):
+        audit = apps.get_model("audits", "Audit")
+        if schema_editor.connection.vendor != "postgresql":
+            schema_editor.remove_constraint(audit, old)
+            schema_editor.add_constraint(audit, new)
+            return
+        names = {
+            "table": schema_editor.quote_name(audit._meta.db_table),
+            "building": schema_editor.quote_name(BUILDING),
+            "name": schema_editor.quote_name(NAME),
+        }
+        schema_editor.execute("DROP INDEX CONCURRENTLY IF EXISTS {building}".format(**names))
+        for statement in postgresql:
+            schema_editor.execute(statement.format(**names))
+
+    return run
 
 
-def to_every_audit(apps, schema_editor):
-    audit = apps.get_model("audits", "Audit")
-    if schema_editor.connection.vendor != "postgresql":
-        schema_editor.remove_constraint(audit, KEYED_ONLY)
-        schema_editor.add_constraint(audit, EVERY_AUDIT)
-        return
-    table, building, name = (
-        schema_editor.quote_name(n) for n in (audit._meta.db_table, BUILDING, NAME)
-    )
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {building}")
-    schema_editor.execute(
-        f"CREATE UNIQUE INDEX CONCURRENTLY {building} ON {table} (idempotency_key)"
-    )
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY {name}")
-    schema_editor.execute(
-        f"ALTER TABLE {table} ADD CONSTRAINT {name} UNIQUE USING INDEX {building}"
-    )
+to_keyed_only = swap(
+    EVERY_AUDIT,
+    KEYED_ONLY,
+    "CREATE UNIQUE INDEX CONCURRENTLY {building} ON {table} (idempotency_key) "
+    "WHERE idempotency_key IS NOT NULL",
+    "ALTER TABLE {table} DROP CONSTRAINT {name}",
+    "ALTER INDEX {building} RENAME TO {name}",
+)
+to_every_audit = swap(
+    KEYED_ONLY,
+    EVERY_AUDIT,
+    "CREATE UNIQUE INDEX CONCURRENTLY {building} ON {table} (idempotency_key)",
+    "DROP INDEX CONCURRENTLY {name}",
+    "ALTER TABLE {table} ADD CONSTRAINT {name} UNIQUE USING INDEX {building}",
+)
 
 
 class Migration(migrations.Migration):
