@@ -386,22 +386,33 @@ class SessionProcess:
         return self
 
     def pids(self) -> list[int]:
-        """Every live process of this one's session."""
-        found = []
+        """Every live process of this one's session, and every process under one of them
+        in a session of its own (an audits worker's tree builders: config.tree_children)."""
+        parents, found = {}, []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
+                fields = _stat_fields(f"/proc/{entry}/stat")
                 try:
-                    if os.getsid(int(entry)) == self.popen.pid:
-                        found.append(int(entry))
+                    session = os.getsid(int(entry))
                 except OSError:
                     continue
-        return found
+                if fields is not None:
+                    parents.setdefault(int(fields[1]), []).append(int(entry))
+                if session == self.popen.pid:
+                    found.append(int(entry))
+        seen, stack = set(found), list(found)
+        while stack:
+            for child in parents.get(stack.pop(), []):
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        return sorted(seen)
 
     def rss_bytes(self) -> int:
         return sum(rss_kib(pid) for pid in self.pids()) * 1024
 
     def cpu_seconds(self) -> float:
-        """CPU time (user + system) of every live process of the session."""
+        """CPU time (user + system) of every live process of the session (`pids`)."""
         return cpu_seconds(self.pids())
 
     def kill(self) -> None:
