@@ -431,7 +431,7 @@ AUDIT_TREE_PROCESSES = env_int("AUDIT_TREE_PROCESSES", 1, minimum=1)
 # The longest a large page waits for its client's turn and a free builder: past it, it is
 # read without a tree (tree_builders_busy), so many clients' costly pages cannot hold
 # another's audit past its time limits (part of its deadline budget, audits.models).
-AUDIT_TREE_WAIT_SECONDS = env_float("AUDIT_TREE_WAIT_SECONDS", 4.0, minimum=0)
+AUDIT_TREE_WAIT_SECONDS = env_float("AUDIT_TREE_WAIT_SECONDS", 4.0, minimum=1.0)
 # A link's outcome is shared by every audit listing it for this long (audits.SharedLink).
 LINKCHECK_FRESH_SECONDS = env_float("LINKCHECK_FRESH_SECONDS", 86400.0, minimum=0)
 # A broken outcome is shared for less long: it is checked again sooner.
