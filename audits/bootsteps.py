@@ -26,5 +26,3 @@ class TreeBuilders(UsedByTasks):
     def stop(self, worker):
         super().stop(worker)
         treebuild.stop()
-
-    shutdown = stop
