@@ -23,8 +23,8 @@ Nights: first, every page audited once (the results the re-audits start from); t
 AUDIT_CONDITIONAL_REAUDITS off (the full night); then another --changed change and every
 page is re-audited with it on (the conditional night). Both re-audit nights see the same
 share of changed pages. Reported per night: requests, 304s, bytes downloaded, this
-process's CPU and its tree builders' (time.process_time, and the fork server's and its
-children's from /proc: the audit's Python, the database and Redis clients, a large page's
+process's CPU and its tree builders' (the fork server's and its children's, all from
+/proc: the audit's Python, the database and Redis clients, a large page's
 tree built in a child as an audits worker of threads builds it, audits.treebuild; not
 PostgreSQL's or Redis's own CPU, nor the page server's) per re-audit, and wall time.
 `--no-tree-builders` builds every tree in this process instead, as before 2026-12-08. Goals: the conditional
@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.services import children_of, create_database, server_cpu_seconds  # noqa: E402
+from bench.services import create_database, family_cpu_seconds  # noqa: E402
 from tests.html_corpus import corpus_pages  # noqa: E402
 
 LAST_MODIFIED = "Sat, 05 Dec 2026 10:00:00 GMT"
@@ -287,11 +287,9 @@ def main() -> int:
     stages = Counter() if args.stages else None
 
     def cpu_clock() -> float:
-        """This process's CPU and its tree builders': the fork server's, with the children it
-        forked (live, or killed and reaped). The page server's is not the audits'."""
-        return time.process_time() + sum(
-            server_cpu_seconds(pid) for pid in children_of(os.getpid()) if pid != server.pid
-        )
+        """This process's CPU and its tree builders' (the fork server and the children it
+        forked, live or killed and reaped). The page server's is not the audits'."""
+        return family_cpu_seconds(os.getpid(), leaving_out={server.pid})
 
     try:
         import logging

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Collection
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -310,12 +311,18 @@ def thread_cpu_seconds(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of a server process, its live children and the children it
-    has reaped (a PostgreSQL backend that exited is counted in its postmaster's)."""
+def family_cpu_seconds(pid: int, *, leaving_out: Collection[int] = ()) -> float:
+    """CPU time (user + system) of a process and every process under it, live or reaped (a
+    reaped one's is counted in its parent's: a PostgreSQL backend that exited in its
+    postmaster's, a killed tree builder in its fork server's), but for the live families
+    of `leaving_out`."""
     fields = _stat_fields(f"/proc/{pid}/stat")
     own = 0 if fields is None else sum(int(value) for value in fields[11:15])
-    return own / os.sysconf("SC_CLK_TCK") + cpu_seconds(children_of(pid))
+    return own / os.sysconf("SC_CLK_TCK") + sum(
+        family_cpu_seconds(child, leaving_out=leaving_out)
+        for child in children_of(pid)
+        if child not in leaving_out
+    )
 
 
 def children_of(pid: int) -> list[int]:

@@ -63,11 +63,11 @@ from bench.reference.plain_celery import fetch_and_parse  # noqa: E402
 from bench.services import (  # noqa: E402
     SessionProcess,
     create_database,
+    family_cpu_seconds,
     machine_busy_seconds,
     pids_named,
     postgres_server_pid,
     redis_server_pid,
-    server_cpu_seconds,
     start_redis,
     stop_on_signals,
     thread_cpu_seconds,
@@ -407,7 +407,7 @@ def plumb_end_to_end(
         cpu_before = {role: cpu_seconds(processes) for role, processes in roles.items()}
         consumer_before = main_thread_cpu_seconds(stack.workers)
         servers = stack.server_pids()
-        servers_before = {name: server_cpu_seconds(pid) for name, pid in servers.items()}
+        servers_before = {name: family_cpu_seconds(pid) for name, pid in servers.items()}
         commands_before = redis_commands(redis_url)
         reads_before = redis_reads(redis_url)
         busy_before, busy_since = machine_busy_seconds(), time.time()
@@ -419,7 +419,7 @@ def plumb_end_to_end(
         cpu_ms = {role: (cpu_seconds(processes) - cpu_before[role]) * 1000 / args.count
                   for role, processes in roles.items()}  # fmt: skip
         consumer_ms = (main_thread_cpu_seconds(stack.workers) - consumer_before) * 1000 / args.count
-        servers_ms = {name: (server_cpu_seconds(pid) - servers_before[name]) * 1000 / args.count
+        servers_ms = {name: (family_cpu_seconds(pid) - servers_before[name]) * 1000 / args.count
                       for name, pid in servers.items()}  # fmt: skip
         commands = {name: (calls - commands_before.get(name, 0)) / args.count
                     for name, calls in redis_commands(redis_url).items()
@@ -550,14 +550,14 @@ def submission_costs(
     threads too)."""
     submit(api, spread(site, "warm", 50))
     web_before = cpu_seconds([web])
-    servers_before = {name: server_cpu_seconds(pid) for name, pid in servers.items()}
+    servers_before = {name: family_cpu_seconds(pid) for name, pid in servers.items()}
     busy_before = machine_busy_seconds()
     started, ended = submit(api, spread(site, "submit", count))
     return {
         "per_second": count / (ended - started),
         "web_cpu_ms_per_submission": (cpu_seconds([web]) - web_before) * 1000 / count,
         "server_cpu_ms_per_submission": {
-            name: (server_cpu_seconds(pid) - servers_before[name]) * 1000 / count
+            name: (family_cpu_seconds(pid) - servers_before[name]) * 1000 / count
             for name, pid in servers.items()
         },
         "machine_cpu_ms_per_submission": (machine_busy_seconds() - busy_before) * 1000 / count,

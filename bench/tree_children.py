@@ -18,7 +18,6 @@ No services: the analysis needs none.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.services import family_cpu_seconds  # noqa: E402
 from tests.hostile_pages import distinct_attributes, one_tag_page  # noqa: E402
 
 ROUNDS = 3
@@ -43,18 +43,6 @@ def setup():
     django.setup()
 
 
-def family_cpu_seconds() -> float:
-    """CPU of this process and every process under it, reaped ones included."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:4])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended meanwhile
-            total += sum(child.cpu_times()[:2])
-    return total
-
-
 def corpus(analyze_html, treebuild, settings) -> None:
     from tests.html_corpus import corpus_pages
 
@@ -65,10 +53,12 @@ def corpus(analyze_html, treebuild, settings) -> None:
     pages = large * 5
 
     def run() -> tuple[float, float]:
-        cpu, wall = family_cpu_seconds(), time.perf_counter()
+        cpu, wall = family_cpu_seconds(os.getpid()), time.perf_counter()
         for body in pages:
             analyze_html(body, base_url="https://corpus.test/page")
-        return (family_cpu_seconds() - cpu) / len(pages), (time.perf_counter() - wall) / len(pages)
+        return (family_cpu_seconds(os.getpid()) - cpu) / len(pages), (
+            time.perf_counter() - wall
+        ) / len(pages)
 
     here, child = [], []
     for _ in range(ROUNDS):
